@@ -1,0 +1,307 @@
+"""One decoder for Qwen2/2.5, Qwen3 and Llama 3 (SmolLM2), as pure functions over a pytree.
+
+Layers are stacked on a leading axis L and run with `lax.scan`, so compile time does not grow with
+depth. The same `forward` serves training (no cache), prefill (cache, T prompt tokens) and decode
+(cache, one token), so the sampler and the trainer run one function on one set of buffers.
+
+Shapes: B batch rows, T new tokens, S cache slots, D embed, H query heads, K kv heads, Dh head dim,
+F mlp, V vocab, L layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlvr_jax.model.config import ModelConfig
+from rlvr_jax.model.kv_cache import KVCache
+
+Array = jax.Array
+# Finite rather than -inf: a fully masked row (a left-padding query) then yields a harmless
+# uniform distribution instead of NaNs that would poison gradients.
+_MASK_VALUE = -1e30
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Layers:
+    """Per-layer weights, stacked on a leading L axis. Optional fields are None when absent."""
+
+    attn_norm: Array  # (L, D)
+    q: Array  # (L, D, H, Dh)
+    k: Array  # (L, D, K, Dh)
+    v: Array  # (L, D, K, Dh)
+    o: Array  # (L, H, Dh, D)
+    mlp_norm: Array  # (L, D)
+    gate: Array  # (L, D, F)
+    up: Array  # (L, D, F)
+    down: Array  # (L, F, D)
+    q_bias: Array | None = None  # (L, H, Dh), Qwen2
+    k_bias: Array | None = None  # (L, K, Dh)
+    v_bias: Array | None = None  # (L, K, Dh)
+    q_norm: Array | None = None  # (L, Dh), Qwen3
+    k_norm: Array | None = None  # (L, Dh)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """All weights of one decoder. `lm_head` is None when tied to `embed`."""
+
+    embed: Array  # (V, D)
+    layers: Layers
+    final_norm: Array  # (D,)
+    lm_head: Array | None = None  # (D, V)
+
+
+def param_shapes(cfg: ModelConfig) -> Params:
+    """The parameter tree of `cfg` as `jax.ShapeDtypeStruct`s (no memory is allocated)."""
+    return jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
+
+
+def logical_axes(cfg: ModelConfig) -> Params:
+    """Logical axis names of every parameter, mapped to mesh axes by `sharding.py`."""
+    opt = lambda on, names: names if on else None  # noqa: E731
+    layers = Layers(
+        attn_norm=("layers", "embed"),
+        q=("layers", "embed", "q_heads", "head_dim"),
+        k=("layers", "embed", "kv_heads", "head_dim"),
+        v=("layers", "embed", "kv_heads", "head_dim"),
+        o=("layers", "q_heads", "head_dim", "embed"),
+        mlp_norm=("layers", "embed"),
+        gate=("layers", "embed", "mlp"),
+        up=("layers", "embed", "mlp"),
+        down=("layers", "mlp", "embed"),
+        q_bias=opt(cfg.qkv_bias, ("layers", "q_heads", "head_dim")),
+        k_bias=opt(cfg.qkv_bias, ("layers", "kv_heads", "head_dim")),
+        v_bias=opt(cfg.qkv_bias, ("layers", "kv_heads", "head_dim")),
+        q_norm=opt(cfg.qk_norm, ("layers", "head_dim")),
+        k_norm=opt(cfg.qk_norm, ("layers", "head_dim")),
+    )
+    return Params(
+        embed=("vocab", "embed"),
+        layers=layers,
+        final_norm=("embed",),
+        lm_head=opt(not cfg.tie_embeddings, ("embed", "vocab")),
+    )
+
+
+def init_params(rng: Array, cfg: ModelConfig, std: float = 0.02) -> Params:
+    """Random parameters (normal(0, std) matrices, unit norms, zero biases) for `cfg`."""
+    dt = jnp.dtype(cfg.param_dtype)
+    L, D, H, K, Dh, F, V = (
+        cfg.num_layers,
+        cfg.embed_dim,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        cfg.mlp_dim,
+        cfg.vocab_size,
+    )
+    keys = iter(jax.random.split(rng, 9))
+    normal = lambda shape: (std * jax.random.normal(next(keys), shape, jnp.float32)).astype(dt)  # noqa: E731
+    ones = lambda shape: jnp.ones(shape, dt)  # noqa: E731
+    zeros = lambda shape: jnp.zeros(shape, dt)  # noqa: E731
+    layers = Layers(
+        attn_norm=ones((L, D)),
+        q=normal((L, D, H, Dh)),
+        k=normal((L, D, K, Dh)),
+        v=normal((L, D, K, Dh)),
+        o=normal((L, H, Dh, D)),
+        mlp_norm=ones((L, D)),
+        gate=normal((L, D, F)),
+        up=normal((L, D, F)),
+        down=normal((L, F, D)),
+        q_bias=zeros((L, H, Dh)) if cfg.qkv_bias else None,
+        k_bias=zeros((L, K, Dh)) if cfg.qkv_bias else None,
+        v_bias=zeros((L, K, Dh)) if cfg.qkv_bias else None,
+        q_norm=ones((L, Dh)) if cfg.qk_norm else None,
+        k_norm=ones((L, Dh)) if cfg.qk_norm else None,
+    )
+    return Params(
+        embed=normal((V, D)),
+        layers=layers,
+        final_norm=ones((D,)),
+        lm_head=None if cfg.tie_embeddings else normal((D, V)),
+    )
+
+
+def count_params(params: Params) -> int:
+    """Number of scalars in a parameter tree (arrays or ShapeDtypeStructs)."""
+    return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(params))
+
+
+def positions_from_mask(mask_BT: Array) -> Array:
+    """Positions of a left-padded batch: 0 at each row's first real token, clipped at 0 before."""
+    return jnp.maximum(jnp.cumsum(mask_BT.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def rms_norm(x: Array, weight: Array, eps: float) -> Array:
+    """RMSNorm in f32, cast back before the scale, as Hugging Face does."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight * x32.astype(x.dtype)
+
+
+def _inv_frequencies(cfg: ModelConfig) -> np.ndarray:
+    """RoPE inverse frequencies (Dh/2,), with Llama-3 scaling when configured. Static numpy."""
+    dh = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, dh, 2, dtype=np.float64) / dh))
+    rs = cfg.rope_scaling
+    if rs is None:
+        return inv.astype(np.float32)
+    low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
+    high_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor
+    wavelen = 2 * np.pi / inv
+    scaled = np.where(wavelen > low_wavelen, inv / rs.factor, inv)
+    smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) / (
+        rs.high_freq_factor - rs.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x_BTNd: Array, positions_BT: Array, cfg: ModelConfig) -> Array:
+    """Rotary embedding in the Hugging Face (rotate-half) layout, angles computed in f32."""
+    inv = jnp.asarray(_inv_frequencies(cfg))
+    angles = positions_BT.astype(jnp.float32)[..., None] * inv  # (B, T, Dh/2)
+    cos = jnp.cos(angles)[:, :, None, :].astype(x_BTNd.dtype)
+    sin = jnp.sin(angles)[:, :, None, :].astype(x_BTNd.dtype)
+    x1, x2 = jnp.split(x_BTNd, 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def attention(
+    q_BTHd: Array, k_BSKd: Array, v_BSKd: Array, mask_BTS: Array, cfg: ModelConfig
+) -> Array:
+    """Grouped-query attention; scores and softmax in f32. Returns (B, T, H, Dh)."""
+    B, T, H, Dh = q_BTHd.shape
+    K = k_BSKd.shape[2]
+    q = q_BTHd.reshape(B, T, K, H // K, Dh)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k_BSKd, preferred_element_type=jnp.float32)
+    scores = scores * (1.0 / math.sqrt(Dh))
+    scores = jnp.where(mask_BTS[:, None, None, :, :], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BSKd.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v_BSKd)
+    return out.reshape(B, T, H, Dh)
+
+
+def _layer(
+    x_BTD: Array,
+    w: Layers,
+    positions_BT: Array,
+    mask_BTS: Array,
+    kv: tuple[Array, Array] | None,
+    write_index: Array | None,
+    cfg: ModelConfig,
+) -> tuple[Array, tuple[Array, Array] | None]:
+    """One pre-norm block. With `kv` (this layer's cache) the new keys are written at
+    `write_index` and attention reads the whole cache; otherwise it reads the new keys only."""
+    dt = x_BTD.dtype
+    h = rms_norm(x_BTD, w.attn_norm, cfg.norm_eps)
+    q = jnp.einsum("btd,dhk->bthk", h, w.q.astype(dt))
+    k = jnp.einsum("btd,dhk->bthk", h, w.k.astype(dt))
+    v = jnp.einsum("btd,dhk->bthk", h, w.v.astype(dt))
+    if w.q_bias is not None:
+        q, k, v = q + w.q_bias.astype(dt), k + w.k_bias.astype(dt), v + w.v_bias.astype(dt)
+    if w.q_norm is not None:
+        q = rms_norm(q, w.q_norm, cfg.norm_eps)
+        k = rms_norm(k, w.k_norm, cfg.norm_eps)
+    q = apply_rope(q, positions_BT, cfg)
+    k = apply_rope(k, positions_BT, cfg)
+    if kv is not None:
+        cache_k, cache_v = kv
+        start = (0, write_index, 0, 0)
+        cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), start)
+        cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
+        kv = (cache_k, cache_v)
+        k, v = cache_k.astype(dt), cache_v.astype(dt)
+    attn = attention(q, k, v, mask_BTS, cfg)
+    x_BTD = x_BTD + jnp.einsum("bthk,hkd->btd", attn, w.o.astype(dt))
+    h = rms_norm(x_BTD, w.mlp_norm, cfg.norm_eps)
+    gate = jnp.einsum("btd,df->btf", h, w.gate.astype(dt))
+    up = jnp.einsum("btd,df->btf", h, w.up.astype(dt))
+    x_BTD = x_BTD + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w.down.astype(dt))
+    return x_BTD, kv
+
+
+def hidden_states(
+    params: Params,
+    tokens_BT: Array,
+    positions_BT: Array,
+    cfg: ModelConfig,
+    cache: KVCache | None = None,
+    mask_BT: Array | None = None,
+) -> tuple[Array, KVCache | None]:
+    """Final-norm hidden states (B, T, D) in `cfg.dtype`, and the updated cache.
+
+    Args:
+      params: the weights.
+      tokens_BT: token ids.
+      positions_BT: RoPE positions (see `positions_from_mask` for left-padded rows).
+      cfg: the architecture.
+      cache: None for a full causal pass over `tokens_BT`; else the new tokens are written into
+        slots `cache.index .. cache.index + T - 1` and attend to every earlier valid slot.
+      mask_BT: which tokens are real (False for padding); padded keys are never attended to.
+        Defaults to all True.
+    """
+    B, T = tokens_BT.shape
+    dt = jnp.dtype(cfg.dtype)
+    if mask_BT is None:
+        mask_BT = jnp.ones((B, T), bool)
+    mask_BT = mask_BT.astype(bool)
+    x = params.embed[tokens_BT].astype(dt)
+    if cache is None:
+        causal_TT = jnp.tril(jnp.ones((T, T), bool))
+        mask_BTS = causal_TT[None] & mask_BT[:, None, :]
+        write_index = None
+    else:
+        S = cache.k.shape[2]
+        write_index = cache.index
+        key_mask_BS = jax.lax.dynamic_update_slice(cache.mask, mask_BT, (0, write_index))
+        query_slot_T = write_index + jnp.arange(T)
+        causal_TS = jnp.arange(S)[None, :] <= query_slot_T[:, None]
+        mask_BTS = causal_TS[None] & key_mask_BS[:, None, :]
+
+    def body(x, xs):
+        w, kv = xs
+        return _layer(x, w, positions_BT, mask_BTS, kv, write_index, cfg)
+
+    if cfg.remat:
+        body = jax.checkpoint(body, prevent_cse=False)
+    kv_in = None if cache is None else (cache.k, cache.v)
+    x, kv_out = jax.lax.scan(body, x, (params.layers, kv_in))
+    x = rms_norm(x, params.final_norm, cfg.norm_eps)
+    if cache is not None:
+        cache = KVCache(k=kv_out[0], v=kv_out[1], mask=key_mask_BS, index=cache.index + T)
+    return x, cache
+
+
+def logits_from_hidden(params: Params, h_BTD: Array, cfg: ModelConfig) -> Array:
+    """Vocabulary logits (B, T, V) in f32 from final hidden states."""
+    dt = h_BTD.dtype
+    if cfg.tie_embeddings:
+        return jnp.einsum(
+            "btd,vd->btv", h_BTD, params.embed.astype(dt), preferred_element_type=jnp.float32
+        )
+    return jnp.einsum(
+        "btd,dv->btv", h_BTD, params.lm_head.astype(dt), preferred_element_type=jnp.float32
+    )
+
+
+def forward(
+    params: Params,
+    tokens_BT: Array,
+    positions_BT: Array,
+    cfg: ModelConfig,
+    cache: KVCache | None = None,
+    mask_BT: Array | None = None,
+) -> tuple[Array, KVCache | None]:
+    """Logits (B, T, V) in f32 and the updated cache; see `hidden_states` for the arguments."""
+    h, cache = hidden_states(params, tokens_BT, positions_BT, cfg, cache, mask_BT)
+    return logits_from_hidden(params, h, cfg), cache
