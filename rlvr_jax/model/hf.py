@@ -198,7 +198,7 @@ def params_from_hf_tensors(
     if unexpected:
         raise CheckpointError(
             f"{source} holds tensor {unexpected[0]!r} that a {cfg.model_type} model with this "
-            f"config does not use ({len(unexpected)} unexpected in all); config and weights disagree"
+            f"config does not use ({len(unexpected)} unexpected); config and weights disagree"
         )
     pdt = jnp.dtype(cfg.param_dtype)
 
