@@ -144,7 +144,7 @@ def rms_norm(x: Array, weight: Array, eps: float) -> Array:
     """RMSNorm in f32, cast back before the scale, as Hugging Face does."""
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return weight * x32.astype(x.dtype)
+    return weight.astype(x.dtype) * x32.astype(x.dtype)
 
 
 def _inv_frequencies(cfg: ModelConfig) -> np.ndarray:

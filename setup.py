@@ -1,0 +1,37 @@
+"""rlvr_jax: reinforcement learning from verifiable rewards for language models, in JAX."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="rlvr_jax",
+    version="0.1.0",
+    description="JAX-native reinforcement learning from verifiable rewards (GRPO and variants)",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["rlvr_jax", "rlvr_jax.*"]),
+    install_requires=[
+        "jax>=0.6.0",
+        "flax>=0.10.0",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11.0",
+        "transformers>=4.51.0",
+        "tokenizers>=0.21.0",
+        "sentencepiece>=0.2.0",
+        "ml-collections>=1.0.0",
+        "safetensors>=0.4.0",
+        "gguf>=0.16.0",
+        "ml-dtypes>=0.5.0",
+        "numpy>=1.26",
+        "absl-py>=2.1.0",
+        "huggingface-hub>=0.30.0",
+        "jinja2>=3.1.0",
+    ],
+    extras_require={
+        # torch is the CPU reference for parity tests and benchmarks only.
+        "test": ["pytest>=8.0", "torch==2.13.0", "accelerate>=1.0.0", "ruff>=0.8.0"],
+        "tfds": ["tensorflow-datasets>=4.9.0"],
+        "tpu": ["jax[tpu]>=0.6.0"],
+        "gpu": ["jax[cuda12]>=0.6.0"],
+    },
+)
