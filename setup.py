@@ -1,12 +1,14 @@
 """rlvr_jax: reinforcement learning from verifiable rewards for language models, in JAX."""
 
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 setup(
     name="rlvr_jax",
     version="0.1.0",
     description="JAX-native reinforcement learning from verifiable rewards (GRPO and variants)",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["rlvr_jax", "rlvr_jax.*"]),

@@ -1,4 +1,4 @@
-"""Tiny random `transformers` models saved with `save_pretrained`, the reference for parity tests."""
+"""Tiny random `transformers` models, saved with `save_pretrained`: the parity reference."""
 
 from __future__ import annotations
 
