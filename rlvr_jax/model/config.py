@@ -83,7 +83,9 @@ class ModelConfig:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in ("float32", "bfloat16", "float16"):
-                raise ValueError(f"{name}={getattr(self, name)!r}: use float32 or bfloat16")
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r}: use float32, bfloat16 or float16"
+                )
 
     def replace(self, **kwargs: Any) -> ModelConfig:
         return dataclasses.replace(self, **kwargs)

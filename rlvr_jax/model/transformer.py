@@ -147,7 +147,7 @@ def rms_norm(x: Array, weight: Array, eps: float) -> Array:
     return weight.astype(x.dtype) * x32.astype(x.dtype)
 
 
-def _inv_frequencies(cfg: ModelConfig) -> np.ndarray:
+def inv_frequencies(cfg: ModelConfig) -> np.ndarray:
     """RoPE inverse frequencies (Dh/2,), with Llama-3 scaling when configured. Static numpy."""
     dh = cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (np.arange(0, dh, 2, dtype=np.float64) / dh))
@@ -168,7 +168,7 @@ def _inv_frequencies(cfg: ModelConfig) -> np.ndarray:
 
 def apply_rope(x_BTNd: Array, positions_BT: Array, cfg: ModelConfig) -> Array:
     """Rotary embedding in the Hugging Face (rotate-half) layout, angles computed in f32."""
-    inv = jnp.asarray(_inv_frequencies(cfg))
+    inv = jnp.asarray(inv_frequencies(cfg))
     angles = positions_BT.astype(jnp.float32)[..., None] * inv  # (B, T, Dh/2)
     cos = jnp.cos(angles)[:, :, None, :].astype(x_BTNd.dtype)
     sin = jnp.sin(angles)[:, :, None, :].astype(x_BTNd.dtype)
