@@ -1,0 +1,1 @@
+"""The RL core: group advantages, policy losses, chunked token log-probs."""

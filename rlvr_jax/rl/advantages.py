@@ -1,0 +1,212 @@
+"""Outcome advantages from group rewards: GRPO and its corrected variants.
+
+Every estimator maps `rewards_BG` (B prompts x G samples each, one scalar reward per completion) to
+`adv_BG`, one advantage per completion that the loss broadcasts over its tokens. The per-group
+baselines are functions of one group (`_*_G`), `vmap`ped over prompts; batch-level statistics
+(REINFORCE's baseline, batch std, REINFORCE++ whitening) are reductions over the whole array.
+
+A group whose rewards are all equal (all correct, all wrong, or any constant) carries no
+group-relative signal: every group-baseline estimator returns exactly zero advantage for it, and
+the fraction of such groups is reported, since it is the fraction of the batch that is wasted
+(DAPO's dynamic sampling exists to refill it).
+
+Everything is computed in f32 and is jittable; the config is static (hashable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp_baseline"]
+StdScaling = Literal["group", "batch", "none"]
+StdKind = Literal["population", "sample"]
+
+ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp_baseline")
+STD_SCALINGS: tuple[str, ...] = ("group", "batch", "none")
+STD_KINDS: tuple[str, ...] = ("population", "sample")
+
+# What `std_scaling=None` resolves to, and which explicit values each estimator admits.
+_DEFAULT_STD: dict[str, str] = {
+    "grpo": "group",
+    "dr_grpo": "none",
+    "rloo": "none",
+    "reinforce": "none",
+    "reinforce_pp_baseline": "batch",
+}
+_ALLOWED_STD: dict[str, tuple[str, ...]] = {
+    "grpo": STD_SCALINGS,
+    "dr_grpo": ("none",),
+    "rloo": STD_SCALINGS,
+    "reinforce": STD_SCALINGS,
+    "reinforce_pp_baseline": ("batch",),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageConfig:
+    """How rewards become advantages.
+
+    Attributes:
+      estimator: the baseline.
+        - "grpo": group mean, divided by the group std (DeepSeekMath, Shao et al. 2024):
+          `(r_i - mean(r)) / (std(r) + eps)`.
+        - "dr_grpo": group mean and no std (Dr. GRPO, Liu et al. 2025, "Understanding R1-Zero-Like
+          Training"): `r_i - mean(r)`. The std division re-weights prompts by
+          `1 / sqrt(p (1 - p))` for success rate p, favouring too-easy and too-hard prompts.
+        - "rloo": leave-one-out mean, `r_i - mean_{j != i} r_j` (RLOO, Ahmadian et al. 2024,
+          "Back to Basics"). The baseline does not depend on sample i, so the policy gradient is
+          unbiased; it equals `G / (G - 1)` times the Dr. GRPO advantage. Needs G >= 2.
+        - "reinforce": one baseline for the whole batch, the mean reward over all B x G samples
+          (REINFORCE with a batch-mean baseline). Groups play no role, so a group of equal
+          rewards is *not* zeroed here: it is compared with the batch, by definition.
+        - "reinforce_pp_baseline": group mean subtracted, then the centred values whitened over
+          the whole batch, `(a - mean_batch(a)) / (std_batch(a) + eps)` (REINFORCE++-baseline,
+          Hu et al. 2025). Its `std_scaling` is "batch", meaning this whitening.
+      std_scaling: the divisor after the baseline. None (default) takes the estimator's own:
+        "group" for grpo, "batch" for reinforce_pp_baseline, "none" for the rest.
+        - "group": the std of the group's rewards (GRPO).
+        - "batch": the std of all B x G rewards (group mean, batch std: Lite PPO, Liu et al.
+          2025, "Tricks or Traps"; TRL's `scale_rewards="batch"`). For reinforce_pp_baseline,
+          the std of the group-centred values, as its whitening prescribes.
+        - "none": no division (dr_grpo, rloo, reinforce).
+        dr_grpo admits only "none" and reinforce_pp_baseline only "batch"; anything else would
+        be a different estimator and raises.
+      std_kind: "population" (divide the squared deviations by n, as `np.std` and DeepSeekMath's
+        implementations) or "sample" (by n - 1, as `torch.std`, the default in TRL/verl).
+      eps: added to the std before dividing; must be >= 0. A zero-variance group is zeroed
+        before any division, so eps=0 is safe.
+    """
+
+    estimator: Estimator = "grpo"
+    std_scaling: StdScaling | None = None
+    std_kind: StdKind = "population"
+    eps: float = 1e-4
+
+    def __post_init__(self):
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator={self.estimator!r}; expected one of {ESTIMATORS}")
+        if self.std_scaling is not None and self.std_scaling not in STD_SCALINGS:
+            raise ValueError(
+                f"std_scaling={self.std_scaling!r}; expected None or one of {STD_SCALINGS}"
+            )
+        if self.std_kind not in STD_KINDS:
+            raise ValueError(f"std_kind={self.std_kind!r}; expected one of {STD_KINDS}")
+        if not isinstance(self.eps, int | float) or not math.isfinite(self.eps) or self.eps < 0:
+            raise ValueError(f"eps={self.eps!r} must be a finite number >= 0")
+        if self.std_scaling is None:
+            # Frozen dataclass: resolve the default once so the field is never None afterwards.
+            object.__setattr__(self, "std_scaling", _DEFAULT_STD[self.estimator])
+        allowed = _ALLOWED_STD[self.estimator]
+        if self.std_scaling not in allowed:
+            raise ValueError(
+                f"std_scaling={self.std_scaling!r} contradicts estimator={self.estimator!r}, "
+                f"which admits only {allowed} (use estimator='grpo' for group-mean baselines "
+                "with another std scaling)"
+            )
+
+
+def _std(x: Array, kind: str, axis=None) -> Array:
+    ddof = 1 if kind == "sample" else 0
+    return jnp.std(x, axis=axis, ddof=ddof)
+
+
+def _scale(x: Array, std: Array, eps: float) -> Array:
+    # A zero std only occurs where every centred value is already zero; dividing by 1 there keeps
+    # eps=0 from producing 0/0.
+    return x / jnp.where(std > 0, std + eps, 1.0)
+
+
+def _mean_baseline_G(r_G: Array) -> Array:
+    return r_G - jnp.mean(r_G)
+
+
+def _leave_one_out_G(r_G: Array) -> Array:
+    G = r_G.shape[0]
+    others_mean_G = (jnp.sum(r_G) - r_G) / (G - 1)
+    return r_G - others_mean_G
+
+
+def zero_variance_groups(rewards_BG: Array) -> Array:
+    """(B,) bool: the groups whose G rewards are all exactly equal."""
+    return jnp.max(rewards_BG, axis=1) == jnp.min(rewards_BG, axis=1)
+
+
+def compute_advantages(
+    rewards_BG: Array, cfg: AdvantageConfig, correct_BG: Array | None = None
+) -> tuple[Array, dict[str, Array]]:
+    """Advantages (B, G) in f32 and scalar statistics.
+
+    Args:
+      rewards_BG: one scalar reward per completion; row b holds the G samples of prompt b.
+      cfg: the estimator (static).
+      correct_BG: which completions count as correct for the all-correct / all-wrong fractions;
+        defaults to `rewards_BG > 0`. It does not affect the advantages.
+
+    Returns:
+      adv_BG: the advantages; exactly zero for zero-variance groups under every group-baseline
+        estimator (all but "reinforce").
+      stats: f32 scalars: "adv/frac_zero_variance", "adv/frac_all_correct",
+        "adv/frac_all_wrong" (fractions of the B groups), "adv/mean", "adv/std", "adv/abs_max",
+        "reward/mean", "reward/std" (population std over all B x G).
+
+    Raises:
+      ValueError: rloo with G < 2, or a sample std over fewer than 2 values.
+    """
+    if rewards_BG.ndim != 2:
+        raise ValueError(f"rewards_BG must be (B, G); got shape {rewards_BG.shape}")
+    B, G = rewards_BG.shape
+    est, scaling = cfg.estimator, cfg.std_scaling
+    if est == "rloo" and G < 2:
+        raise ValueError(f"estimator='rloo' needs G >= 2 samples per prompt; got G={G}")
+    if cfg.std_kind == "sample" and scaling != "none":
+        n = G if scaling == "group" else B * G
+        if n < 2:
+            raise ValueError(
+                f"std_kind='sample' with std_scaling={scaling!r} needs at least 2 values per "
+                f"std; got {n} (rewards shape {rewards_BG.shape})"
+            )
+    r_BG = rewards_BG.astype(jnp.float32)
+    zero_var_B = zero_variance_groups(r_BG)
+
+    if est == "reinforce":
+        adv_BG = r_BG - jnp.mean(r_BG)
+    elif est == "rloo":
+        adv_BG = jax.vmap(_leave_one_out_G)(r_BG)
+    else:
+        adv_BG = jax.vmap(_mean_baseline_G)(r_BG)
+    if est != "reinforce":
+        # The mean of G equal floats is not always that float; force the exact zero.
+        adv_BG = jnp.where(zero_var_B[:, None], 0.0, adv_BG)
+
+    if est == "reinforce_pp_baseline":
+        adv_BG = _scale(adv_BG - jnp.mean(adv_BG), _std(adv_BG, cfg.std_kind), cfg.eps)
+        adv_BG = jnp.where(zero_var_B[:, None], 0.0, adv_BG)
+    elif scaling == "group":
+        std_B = jax.vmap(lambda r_G: _std(r_G, cfg.std_kind))(r_BG)
+        adv_BG = _scale(adv_BG, std_B[:, None], cfg.eps)
+    elif scaling == "batch":
+        adv_BG = _scale(adv_BG, _std(r_BG, cfg.std_kind), cfg.eps)
+    if est == "reinforce":
+        adv_BG = jnp.where(jnp.max(r_BG) == jnp.min(r_BG), 0.0, adv_BG)
+
+    if correct_BG is None:
+        correct_BG = r_BG > 0
+    correct_BG = correct_BG.astype(bool)
+    stats = {
+        "adv/frac_zero_variance": jnp.mean(zero_var_B.astype(jnp.float32)),
+        "adv/frac_all_correct": jnp.mean(jnp.all(correct_BG, axis=1).astype(jnp.float32)),
+        "adv/frac_all_wrong": jnp.mean(jnp.all(~correct_BG, axis=1).astype(jnp.float32)),
+        "adv/mean": jnp.mean(adv_BG),
+        "adv/std": jnp.std(adv_BG),
+        "adv/abs_max": jnp.max(jnp.abs(adv_BG)),
+        "reward/mean": jnp.mean(r_BG),
+        "reward/std": jnp.std(r_BG),
+    }
+    return adv_BG, stats

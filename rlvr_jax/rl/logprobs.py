@@ -1,0 +1,125 @@
+"""Token log-probs and entropies from hidden states, chunked over time, in f32.
+
+For a Qwen vocabulary (V = 151,936) the logits of a modest batch, N x T x V in f32, run to tens of
+GiB (64 x 1024 x 151936 x 4 bytes = 40 GiB), and autodiff would keep them for the backward pass.
+Here the time axis is cut into chunks of `chunk_size` and processed by `lax.map`, with the chunk
+body under `jax.checkpoint`: the forward holds one chunk's logits at a time, and the backward
+recomputes each chunk's logits from its hidden states instead of storing them. Peak memory is
+O(N x chunk_size x V), compute is one extra unembedding matmul.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from rlvr_jax.model.config import ModelConfig
+from rlvr_jax.model.transformer import Params, hidden_states, logits_from_hidden
+
+Array = jax.Array
+
+
+def _chunk_logprobs(
+    params: Params, h_NCD: Array, targets_NC: Array, cfg: ModelConfig, temperature: Array
+) -> tuple[Array, Array]:
+    """Log-prob of each target and the entropy (both (N, C) f32) for one chunk of C steps."""
+    logits_NCV = logits_from_hidden(params, h_NCD, cfg) / temperature
+    lse_NC = jax.nn.logsumexp(logits_NCV, axis=-1)
+    target_logit_NC = jnp.take_along_axis(logits_NCV, targets_NC[..., None], axis=-1)[..., 0]
+    logp_NCV = logits_NCV - lse_NC[..., None]
+    entropy_NC = -jnp.sum(jnp.exp(logp_NCV) * logp_NCV, axis=-1)
+    return target_logit_NC - lse_NC, entropy_NC
+
+
+def token_logprobs(
+    params: Params,
+    h_NTD: Array,
+    targets_NT: Array,
+    cfg: ModelConfig,
+    chunk_size: int = 256,
+    temperature: float | Array = 1.0,
+) -> tuple[Array, Array]:
+    """log p(targets) and the entropy of p at every position, from final hidden states.
+
+    p is `softmax(logits / temperature)`, the distribution the sampler draws from at that
+    temperature, so these log-probs are comparable with the sampler's.
+
+    Args:
+      params: the weights (`embed` is the unembedding when `cfg.tie_embeddings`, else
+        `lm_head`).
+      h_NTD: final-norm hidden states (`transformer.hidden_states`); row t predicts
+        `targets_NT[:, t]`.
+      targets_NT: token ids whose log-probs are wanted.
+      cfg: the architecture.
+      chunk_size: time steps per chunk (static); T need not be a multiple. Memory scales with
+        N x chunk_size x V.
+      temperature: a Python float or a traced scalar (changing it does not recompile when passed
+        as an array).
+
+    Returns:
+      logp_NT: f32 log-probs of the targets.
+      entropy_NT: f32 entropy `-sum_v p_v log p_v` of each position's distribution.
+      Both are differentiable with respect to `params` and `h_NTD`.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+    N, T, D = h_NTD.shape
+    C = min(chunk_size, T)
+    num_chunks = -(-T // C)
+    pad = num_chunks * C - T
+    # Padded steps compute logits of zero hidden states for target 0 and are sliced off.
+    h_NTD = jnp.pad(h_NTD, ((0, 0), (0, pad), (0, 0)))
+    targets_NT = jnp.pad(targets_NT, ((0, 0), (0, pad)))
+    h_KNCD = h_NTD.reshape(N, num_chunks, C, D).transpose(1, 0, 2, 3)
+    targets_KNC = targets_NT.reshape(N, num_chunks, C).transpose(1, 0, 2)
+    temperature = jnp.asarray(temperature, jnp.float32)
+
+    # prevent_cse=False: inside lax.map (a scan) CSE cannot undo the rematerialisation.
+    chunk = jax.checkpoint(_chunk_logprobs, static_argnums=(3,), prevent_cse=False)
+    logp_KNC, entropy_KNC = jax.lax.map(
+        lambda xs: chunk(params, xs[0], xs[1], cfg, temperature), (h_KNCD, targets_KNC)
+    )
+    unchunk = lambda x_KNC: x_KNC.transpose(1, 0, 2).reshape(N, num_chunks * C)[:, :T]  # noqa: E731
+    return unchunk(logp_KNC), unchunk(entropy_KNC)
+
+
+def next_token_logprobs(
+    params: Params,
+    tokens_NT: Array,
+    positions_NT: Array,
+    cfg: ModelConfig,
+    mask_NT: Array | None = None,
+    first_target: int = 1,
+    chunk_size: int = 256,
+    temperature: float | Array = 1.0,
+) -> tuple[Array, Array]:
+    """Teacher-forced log-probs of `tokens_NT[:, first_target:]` given their prefixes.
+
+    One full causal pass (`transformer.hidden_states`), then `token_logprobs` on the hidden
+    states of positions `first_target - 1 .. T - 2`, which predict tokens `first_target .. T-1`.
+    With a prompt of P (left-padded) tokens followed by the completion, `first_target=P` gives
+    the completion's log-probs, aligned with the completion tokens.
+
+    Args:
+      params, cfg: the model.
+      tokens_NT: prompt and completion tokens.
+      positions_NT: RoPE positions (`transformer.positions_from_mask` for left padding).
+      mask_NT: real tokens (padding is never attended to); None means all real.
+      first_target: the first position whose token is scored (static, >= 1).
+      chunk_size, temperature: see `token_logprobs`.
+
+    Returns:
+      logp and entropy, each (N, T - first_target) f32.
+    """
+    T = tokens_NT.shape[1]
+    if not 1 <= first_target < T:
+        raise ValueError(f"first_target={first_target} must be in [1, T={T})")
+    h_NTD, _ = hidden_states(params, tokens_NT, positions_NT, cfg, mask_BT=mask_NT)
+    return token_logprobs(
+        params,
+        h_NTD[:, first_target - 1 : -1],
+        tokens_NT[:, first_target:],
+        cfg,
+        chunk_size,
+        temperature,
+    )

@@ -1,0 +1,185 @@
+"""Every advantage estimator against values computed by hand."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlvr_jax.rl import advantages as adv_lib
+from rlvr_jax.rl.advantages import AdvantageConfig
+
+
+def _adv(rewards, **kwargs):
+    adv, stats = adv_lib.compute_advantages(
+        jnp.asarray(rewards, jnp.float32), AdvantageConfig(**kwargs)
+    )
+    return np.asarray(adv), {k: float(v) for k, v in stats.items()}
+
+
+def test_worked_example_grpo_population_std():
+    # mean 0.5, population std 0.5: (1, 1, -1, -1); eps=1e-4 gives 0.5 / 0.5001.
+    adv, _ = _adv([[1, 1, 0, 0]], estimator="grpo", eps=0.0)
+    np.testing.assert_array_equal(adv, [[1, 1, -1, -1]])
+    adv, _ = _adv([[1, 1, 0, 0]], estimator="grpo")
+    np.testing.assert_allclose(adv, [[1, 1, -1, -1]], atol=1e-3)
+    np.testing.assert_allclose(adv, [[0.5 / 0.5001] * 2 + [-0.5 / 0.5001] * 2], rtol=1e-6)
+
+
+def test_grpo_sample_std():
+    # Sample variance of (1, 1, 0, 0) is 4 * 0.25 / 3 = 1/3.
+    adv, _ = _adv([[1, 1, 0, 0]], estimator="grpo", std_kind="sample", eps=0.0)
+    a = 0.5 / math.sqrt(1 / 3)
+    np.testing.assert_allclose(adv, [[a, a, -a, -a]], rtol=1e-6)
+
+
+def test_grpo_uneven_group_hand_values():
+    # Rewards (1, 0, 0, 0): mean 1/4, population std sqrt(3)/4.
+    adv, _ = _adv([[1, 0, 0, 0]], estimator="grpo", eps=0.0)
+    s = math.sqrt(3) / 4
+    np.testing.assert_allclose(adv, [[0.75 / s, -0.25 / s, -0.25 / s, -0.25 / s]], rtol=1e-6)
+
+
+def test_dr_grpo_is_mean_centred_without_std():
+    adv, _ = _adv([[1, 1, 0, 0], [2, 0, 0, 0]], estimator="dr_grpo")
+    np.testing.assert_allclose(adv, [[0.5, 0.5, -0.5, -0.5], [1.5, -0.5, -0.5, -0.5]])
+    assert AdvantageConfig(estimator="dr_grpo").std_scaling == "none"
+
+
+def test_rloo_leave_one_out():
+    adv, _ = _adv([[1, 1, 0, 0]], estimator="rloo")
+    np.testing.assert_allclose(adv, [[2 / 3, 2 / 3, -2 / 3, -2 / 3]], rtol=1e-6)
+    # (3, 0, 1): 3 - 1/2, 0 - 2, 1 - 3/2.
+    adv, _ = _adv([[3, 0, 1]], estimator="rloo")
+    np.testing.assert_allclose(adv, [[2.5, -2.0, -0.5]], rtol=1e-6)
+
+
+def test_rloo_is_g_over_g_minus_1_times_dr_grpo():
+    r = np.random.default_rng(0).normal(size=(5, 6))
+    rloo, _ = _adv(r, estimator="rloo")
+    dr, _ = _adv(r, estimator="dr_grpo")
+    np.testing.assert_allclose(rloo, dr * 6 / 5, rtol=1e-5, atol=1e-6)
+
+
+def test_rloo_needs_two_samples():
+    with pytest.raises(ValueError, match="G >= 2"):
+        _adv([[1.0], [0.0]], estimator="rloo")
+
+
+def test_reinforce_batch_mean_baseline():
+    # Batch mean (1 + 1 + 1 + 0 + 0 + 0 + 0 + 1) / 8 = 0.5; groups play no role.
+    adv, stats = _adv([[1, 1, 1, 1], [0, 0, 0, 0]], estimator="reinforce")
+    np.testing.assert_allclose(adv, [[0.5] * 4, [-0.5] * 4])
+    assert stats["adv/frac_zero_variance"] == 1.0
+    adv, _ = _adv([[1, 1, 1, 1], [0, 0, 0, 0]], estimator="reinforce", std_scaling="batch")
+    np.testing.assert_allclose(adv, [[0.5 / 0.5001] * 4, [-0.5 / 0.5001] * 4], rtol=1e-6)
+
+
+def test_reinforce_pp_baseline_whitens_group_centred_values():
+    # Group-centred: (0.5, 0.5, -0.5, -0.5) and (0, 0, 0, 0); batch mean 0, population std
+    # sqrt(4 * 0.25 / 8) = sqrt(1/8).
+    adv, _ = _adv([[1, 1, 0, 0], [1, 1, 1, 1]], estimator="reinforce_pp_baseline", eps=0.0)
+    a = 0.5 / math.sqrt(1 / 8)
+    np.testing.assert_allclose(adv, [[a, a, -a, -a], [0, 0, 0, 0]], rtol=1e-6)
+    # (3, 0, 0), (2, 0, 1) centre to (2, -1, -1), (1, -1, 0); batch mean 0, population std
+    # sqrt((4 + 1 + 1 + 1 + 1 + 0) / 6) = sqrt(4/3). The batch std of the raw rewards would
+    # differ (mean 1, sqrt(10/6 - 1)), so this pins the whitening to the centred values.
+    adv, _ = _adv([[3, 0, 0], [2, 0, 1]], estimator="reinforce_pp_baseline", eps=0.0)
+    s = math.sqrt(4 / 3)
+    np.testing.assert_allclose(adv, [[2 / s, -1 / s, -1 / s], [1 / s, -1 / s, 0]], rtol=1e-6)
+
+
+def test_batch_std_scaling_uses_std_of_all_rewards():
+    # Lite PPO: group mean, then the std of all 8 rewards (mean 0.625, population std
+    # sqrt(0.625 * 0.375)).
+    adv, _ = _adv([[1, 1, 0, 0], [1, 1, 1, 0]], estimator="grpo", std_scaling="batch", eps=0.0)
+    s = math.sqrt(0.625 * 0.375)
+    expected = [[0.5 / s, 0.5 / s, -0.5 / s, -0.5 / s], [0.25 / s] * 3 + [-0.75 / s]]
+    np.testing.assert_allclose(adv, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(estimator="grpo"),
+        dict(estimator="grpo", eps=0.0),
+        dict(estimator="grpo", std_kind="sample"),
+        dict(estimator="grpo", std_scaling="batch"),
+        dict(estimator="dr_grpo"),
+        dict(estimator="rloo"),
+        dict(estimator="reinforce_pp_baseline", eps=0.0),
+    ],
+)
+def test_zero_variance_groups_get_exactly_zero_and_are_counted(kwargs):
+    # 0.1 * 3 / 3 != 0.1 in floating point: the zero must not depend on the mean being exact.
+    rewards = [[0.1, 0.1, 0.1], [1, 1, 1], [0, 0, 0], [1, 0, 0]]
+    adv, stats = _adv(rewards, **kwargs)
+    assert np.all(adv[:3] == 0.0)
+    assert np.all(np.isfinite(adv))
+    assert np.all(adv[3] != 0.0)
+    assert stats["adv/frac_zero_variance"] == 0.75
+    # rewards > 0 count as correct: groups 0 and 1 are all correct, group 2 all wrong.
+    assert stats["adv/frac_all_correct"] == 0.5
+    assert stats["adv/frac_all_wrong"] == 0.25
+
+
+def test_all_equal_batch_is_zero_for_every_estimator():
+    for est in adv_lib.ESTIMATORS:
+        adv, _ = _adv([[0.3, 0.3], [0.3, 0.3]], estimator=est, eps=0.0)
+        assert np.all(adv == 0.0), est
+
+
+def test_correct_mask_overrides_the_default_threshold():
+    rewards = jnp.asarray([[0.1, 0.1], [0.1, 0.0]])
+    correct = jnp.asarray([[False, False], [True, False]])
+    _, stats = adv_lib.compute_advantages(rewards, AdvantageConfig(), correct_BG=correct)
+    assert float(stats["adv/frac_all_wrong"]) == 0.5
+    assert float(stats["adv/frac_all_correct"]) == 0.0
+
+
+def test_stats_values():
+    _, stats = _adv([[1, 1, 0, 0], [2, 0, 0, 0]], estimator="dr_grpo")
+    assert stats["adv/abs_max"] == 1.5
+    assert stats["reward/mean"] == 0.5
+    # Deviations from 0.5: seven of +-0.5 and one of 1.5.
+    np.testing.assert_allclose(stats["reward/std"], math.sqrt((7 * 0.25 + 2.25) / 8), rtol=1e-6)
+    np.testing.assert_allclose(stats["adv/mean"], 0.0, atol=1e-7)
+
+
+def test_jit_and_bf16_rewards_give_f32():
+    cfg = AdvantageConfig()
+    f = jax.jit(adv_lib.compute_advantages, static_argnums=1)
+    adv, stats = f(jnp.asarray([[1, 0, 1, 1]], jnp.bfloat16), cfg)
+    assert adv.dtype == jnp.float32
+    assert all(v.dtype == jnp.float32 for v in stats.values())
+    np.testing.assert_allclose(np.asarray(adv)[0, 1], -0.75 / (math.sqrt(3) / 4 + 1e-4), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(estimator="ppo"), "estimator"),
+        (dict(std_scaling="global"), "std_scaling"),
+        (dict(std_kind="unbiased"), "std_kind"),
+        (dict(eps=-1e-3), "eps"),
+        (dict(eps=float("nan")), "eps"),
+        (dict(estimator="dr_grpo", std_scaling="group"), "std_scaling"),
+        (dict(estimator="reinforce_pp_baseline", std_scaling="none"), "std_scaling"),
+    ],
+)
+def test_config_validation_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        AdvantageConfig(**kwargs)
+
+
+def test_config_is_hashable_and_resolves_defaults():
+    assert hash(AdvantageConfig()) == hash(AdvantageConfig(std_scaling="group"))
+    assert AdvantageConfig().std_scaling == "group"
+    assert AdvantageConfig(estimator="rloo").std_scaling == "none"
+    assert AdvantageConfig(estimator="reinforce_pp_baseline").std_scaling == "batch"
+
+
+def test_sample_std_needs_two_values():
+    with pytest.raises(ValueError, match="std_kind='sample'"):
+        _adv([[1.0], [0.0]], estimator="grpo", std_kind="sample")
