@@ -272,6 +272,42 @@ class Tokenizer:
             raise FileNotFoundError(f"sentencepiece model {str(model_file)!r} does not exist")
         return cls(sentencepiece.SentencePieceProcessor(model_file=str(model_file)), chat_template)
 
+    @classmethod
+    def from_characters(
+        cls, alphabet: str, eos: str = "<eos>", pad: str = "<pad>", chat_template: str | None = None
+    ) -> Tokenizer:
+        """A character-level tokenizer for models trained from scratch (tests, toy tasks).
+
+        Ids: `pad` is 0, `eos` is 1, then one id per character of `alphabet` in order. Text with a
+        character outside the alphabet fails to encode with an error naming the character.
+        """
+        import tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        chars = list(dict.fromkeys(alphabet))
+        if len(chars) != len(alphabet):
+            raise ValueError(f"alphabet={alphabet!r} repeats a character")
+        if not chars:
+            raise ValueError("alphabet is empty")
+        vocab = {pad: 0, eos: 1, **{c: i + 2 for i, c in enumerate(chars)}}
+        model = tokenizers.models.WordLevel(vocab, unk_token=None)
+        tok = tokenizers.Tokenizer(model)
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(
+            tokenizers.Regex("."), behavior="isolated"
+        )
+        tok.decoder = tokenizers.decoders.Fuse()
+        tok.add_special_tokens([pad, eos])
+        hf = PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            eos_token=eos,
+            pad_token=pad,
+            chat_template=chat_template,
+            clean_up_tokenization_spaces=False,
+        )
+        out = cls(hf)
+        out._alphabet = frozenset(chars)
+        return out
+
     # -----------------------------------------------------------------------------------------
     # Text and ids
 
@@ -285,6 +321,11 @@ class Tokenizer:
           add_special_tokens: add what the tokenizer is configured to add around the text (the bos
             id for a sentencepiece model that has one).
         """
+        alphabet = getattr(self, "_alphabet", None)
+        if alphabet is not None:
+            bad = next((c for c in text if c not in alphabet), None)
+            if bad is not None:
+                raise ValueError(f"character {bad!r} is not in this tokenizer's alphabet")
         if self._sp is not None:
             ids = self._sp.encode(text)
             return [self.bos_id, *ids] if add_special_tokens and self.bos_id is not None else ids
