@@ -28,6 +28,8 @@ setup(
         "absl-py>=2.1.0",
         "huggingface-hub>=0.30.0",
         "jinja2>=3.1.0",
+        "tensorboardX>=2.6",
+        "matplotlib>=3.8",
     ],
     extras_require={
         # torch is the CPU reference for parity tests and benchmarks only.
@@ -41,5 +43,6 @@ setup(
         "tfds": ["tensorflow-datasets>=4.9.0"],
         "tpu": ["jax[tpu]>=0.6.0"],
         "gpu": ["jax[cuda12]>=0.6.0"],
+        "wandb": ["wandb>=0.17"],
     },
 )

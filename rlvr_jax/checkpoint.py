@@ -1,0 +1,510 @@
+"""Checkpoints of a run: the train state through orbax, host state as JSON, and preemption.
+
+Host code. One checkpoint is one orbax step directory `<directory>/<step>/` with three items:
+
+- `state`: the `TrainState` as a dict of arrays (step, params, optimizer state, the PRNG key as
+  its raw `key_data`, and the reference parameters only when they cannot be rebuilt from a
+  source);
+- `host`: whatever JSON the caller passes (data position, curriculum statistics, metrics step);
+- `meta`: this module's own record (format version, where the reference parameters come from,
+  the PRNG implementation, wall-clock time).
+
+Orbax writes each step into a temporary directory and renames it when complete, so a save that is
+interrupted (preemption, crash, full disk) never becomes the latest checkpoint. Saves are
+asynchronous by default: `save` returns once the arrays are copied to host memory and the files
+are written in the background; `close` (or `wait`) waits for the last one.
+
+Every process of a multi-host run calls `save` and `restore` (orbax coordinates them); only the
+primary process writes the JSON items.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from types import FrameType
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+from rlvr_jax.rl.state import TrainState
+
+FORMAT_VERSION = 1
+_STATE, _HOST, _META = "state", "host", "meta"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or restored; the message names the path and step."""
+
+
+def _is_key(x: Any) -> bool:
+    return jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _check_json(host: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of `host` through JSON, so later mutation by the caller cannot race an
+    asynchronous write; non-serialisable values are reported by key."""
+    if not isinstance(host, Mapping):
+        raise TypeError(f"host state must be a mapping, got {type(host).__name__}")
+    out = {}
+    for key, value in host.items():
+        if not isinstance(key, str):
+            raise TypeError(f"host state key {key!r} must be a str, got {type(key).__name__}")
+        try:
+            out[key] = json.loads(json.dumps(value))
+        except (TypeError, ValueError) as e:
+            raise TypeError(
+                f"host state entry {key!r} (a {type(value).__name__}) is not JSON-serialisable: {e}"
+            ) from e
+    return out
+
+
+def _abstract(x: Any) -> jax.ShapeDtypeStruct:
+    """The restore target of one leaf: its shape, dtype and sharding (a default device when an
+    abstract leaf carries none)."""
+    sharding = getattr(x, "sharding", None)
+    if sharding is None:
+        sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+def _leaf_name(path: tuple[Any, ...]) -> str:
+    """A key path as orbax names the leaf on disk: "opt_state.1.0.mu.embed"."""
+    parts = []
+    for key in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return ".".join(parts)
+
+
+def _is_concrete(tree: Any) -> bool:
+    leaves = jax.tree.leaves(tree)
+    return bool(leaves) and all(isinstance(x, jax.Array) for x in leaves)
+
+
+class Checkpointer:
+    """Saves every `every_steps` steps (and when forced, e.g. at the end), keeps the last `keep`.
+
+    Args:
+      directory: where the step directories go (created if missing).
+      every_steps: `should_save(step)` is true when `step % every_steps == 0`; 0 saves only when
+        forced.
+      keep: how many of the most recent checkpoints to keep.
+      ref_source: where the reference parameters come from ("embedded", a Hugging Face directory
+        or hub id). When set, the reference parameters are recorded by this string and not
+        written; on restore the caller reloads them. None means they are not reproducible from a
+        source and are written with the state (when the state has them).
+      save_ref: write the reference parameters even when `ref_source` is set.
+      async_save: write in a background thread after the device-to-host copy.
+      read_only: only read (an evaluator watching a directory the trainer writes): nothing is
+        deleted, saving is an error. A writer removes temporary directories left by interrupted
+        saves when it opens the directory.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        every_steps: int,
+        keep: int = 3,
+        ref_source: str | None = None,
+        save_ref: bool = False,
+        async_save: bool = True,
+        read_only: bool = False,
+    ):
+        if every_steps < 0:
+            raise ValueError(f"every_steps={every_steps} must be >= 0 (0: only forced saves)")
+        if keep < 1:
+            raise ValueError(f"keep={keep} must be at least 1")
+        if ref_source is not None and not (isinstance(ref_source, str) and ref_source):
+            raise ValueError(f"ref_source={ref_source!r} must be a non-empty string or None")
+        # epath, so that "gs://..." directories work as well as local ones.
+        self.directory = epath.Path(directory)
+        if "://" not in str(directory):
+            self.directory = self.directory.absolute()
+        self.read_only = read_only
+        self.every_steps = every_steps
+        self.keep = keep
+        self.ref_source = ref_source
+        self.save_ref = save_ref or ref_source is None
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep,
+            create=not read_only,
+            read_only=read_only,
+            enable_async_checkpointing=async_save,
+            # Temporary directories of interrupted saves are never read; a writer deletes them.
+            cleanup_tmp_directories=not read_only,
+        )
+        try:
+            self._manager = ocp.CheckpointManager(
+                self.directory,
+                options=options,
+                # Handlers up front, so metadata can be read before the first restore.
+                item_handlers={
+                    _STATE: ocp.StandardCheckpointHandler(),
+                    _HOST: ocp.JsonCheckpointHandler(),
+                    _META: ocp.JsonCheckpointHandler(),
+                },
+            )
+        except Exception as e:
+            raise CheckpointError(f"cannot open checkpoint directory {self.directory}: {e}") from e
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def all_steps(self) -> list[int]:
+        """Steps of the complete checkpoints on disk, ascending (after any save in flight)."""
+        self._manager.wait_until_finished()
+        self._manager.reload()
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint's step, or None when there is none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def should_save(self, step: int) -> bool:
+        """Whether `step` falls on the saving interval."""
+        return self.every_steps > 0 and step > 0 and step % self.every_steps == 0
+
+    def step_dir(self, step: int) -> epath.Path:
+        """The directory of one step's checkpoint."""
+        return self.directory / str(step)
+
+    # -- save -----------------------------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        state: TrainState,
+        host: Mapping[str, Any] | None = None,
+        *,
+        force: bool = False,
+    ) -> bool:
+        """Saves `state` and `host` as checkpoint `step` when due (or when `force`).
+
+        Args:
+          step: the checkpoint's step number (a Python int: the loop counter, not a device value).
+          state: the train state; its PRNG key may be a typed key or raw uint32 key data.
+          host: JSON-serialisable host state (data position, curriculum, metrics step, ...).
+          force: save even off the interval (the final step, a preemption).
+
+        Returns:
+          Whether a save was started. A step that is already on disk is not written again.
+        """
+        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+            raise ValueError(f"step={step!r} must be a non-negative Python int")
+        step = int(step)
+        if self.read_only:
+            raise CheckpointError(f"{self} is read-only; cannot save step {step}")
+        if not (force or self.should_save(step)):
+            return False
+        if step in self.all_steps():
+            logging.info("checkpoint step %d already exists in %s; not saved again", step, self)
+            return False
+        host = _check_json(host or {})
+        tree, meta = self._to_tree(state)
+        meta["time"] = time.time()
+        try:
+            return bool(
+                self._manager.save(
+                    step,
+                    args=ocp.args.Composite(
+                        **{
+                            _STATE: ocp.args.StandardSave(tree),
+                            _HOST: ocp.args.JsonSave(host),
+                            _META: ocp.args.JsonSave(meta),
+                        }
+                    ),
+                    force=True,
+                )
+            )
+        except Exception as e:
+            raise CheckpointError(f"saving step {step} to {self.step_dir(step)} failed: {e}") from e
+
+    def _to_tree(self, state: TrainState) -> tuple[dict[str, Any], dict[str, Any]]:
+        tree = {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+        if _is_key(state.rng):
+            tree["rng"] = jax.random.key_data(state.rng)
+            rng_impl = str(jax.random.key_impl(state.rng))
+        else:
+            tree["rng"] = state.rng
+            rng_impl = None
+        ref_saved = state.ref_params is not None and self.save_ref
+        if ref_saved:
+            tree["ref_params"] = state.ref_params
+        meta = {
+            "version": FORMAT_VERSION,
+            "ref_source": self.ref_source,
+            "ref_saved": ref_saved,
+            "has_ref": state.ref_params is not None,
+            "rng_impl": rng_impl,
+        }
+        return tree, meta
+
+    # -- restore --------------------------------------------------------------------------------
+
+    def read_meta(self, step: int | None = None) -> dict[str, Any]:
+        """This module's record of checkpoint `step` (default: the latest): "ref_source",
+        "ref_saved", "rng_impl", "time", "version"."""
+        step = self._resolve_step(step)
+        return self._restore_items(step, {_META: ocp.args.JsonRestore()})[_META]
+
+    def restore(
+        self, target: TrainState, step: int | None = None
+    ) -> tuple[TrainState, dict[str, Any]] | None:
+        """Restores checkpoint `step` (default: the latest) into the layout of `target`.
+
+        Args:
+          target: a state (concrete or from `jax.eval_shape`) whose leaves give the shapes,
+            dtypes and shardings to restore into; with explicit shardings the restore is sharded.
+          step: which checkpoint; None for the latest.
+
+        Returns:
+          `(state, host)`, or None when the directory holds no checkpoint. When the reference
+          parameters were recorded by source rather than saved, `state.ref_params` is
+          `target.ref_params` if those are concrete arrays (the caller loaded them from the
+          source) and None otherwise (the caller loads them from `read_meta()["ref_source"]`).
+
+        Raises:
+          CheckpointError: the checkpoint is missing, corrupt, or does not match `target`.
+        """
+        if step is None and self.latest_step() is None:
+            return None
+        step = self._resolve_step(step)
+        meta = self._restore_items(step, {_META: ocp.args.JsonRestore()})[_META]
+        if not isinstance(meta, dict) or meta.get("version") != FORMAT_VERSION:
+            raise CheckpointError(
+                f"checkpoint {self.step_dir(step)} (step {step}) has metadata {meta!r}; expected "
+                f"format version {FORMAT_VERSION}"
+            )
+        if meta["ref_saved"] and target.ref_params is None:
+            raise CheckpointError(
+                f"checkpoint {self.step_dir(step)} (step {step}) holds reference parameters but "
+                "the target state has none (was the KL term turned off?)"
+            )
+        if meta["ref_source"] != self.ref_source and not meta["ref_saved"]:
+            logging.warning(
+                "checkpoint step %d recorded ref_source=%r, this run has ref_source=%r",
+                step,
+                meta["ref_source"],
+                self.ref_source,
+            )
+        abstract = {
+            "step": _abstract(target.step),
+            "params": jax.tree.map(_abstract, target.params),
+            "opt_state": jax.tree.map(_abstract, target.opt_state),
+        }
+        target_is_key = _is_key(target.rng)
+        if target_is_key != (meta["rng_impl"] is not None):
+            raise CheckpointError(
+                f"checkpoint {self.step_dir(step)} (step {step}) stored a "
+                f"{'typed' if meta['rng_impl'] else 'raw'} PRNG key; the target's key is "
+                f"{target.rng.dtype}"
+            )
+        rng_sharding = getattr(target.rng, "sharding", None)
+        rng_data = jax.eval_shape(jax.random.key_data, target.rng) if target_is_key else target.rng
+        abstract["rng"] = _abstract(
+            jax.ShapeDtypeStruct(rng_data.shape, rng_data.dtype, sharding=rng_sharding)
+        )
+        if meta["ref_saved"]:
+            abstract["ref_params"] = jax.tree.map(_abstract, target.ref_params)
+        self._check_layout(step, abstract)
+        items = self._restore_items(
+            step,
+            {_STATE: ocp.args.StandardRestore(abstract), _HOST: ocp.args.JsonRestore()},
+        )
+        tree = items[_STATE]
+        rng = tree["rng"]
+        if target_is_key:
+            rng = jax.random.wrap_key_data(rng, impl=meta["rng_impl"])
+            if rng.dtype != target.rng.dtype:
+                raise CheckpointError(
+                    f"checkpoint {self.step_dir(step)} (step {step}) has a {rng.dtype} PRNG key; "
+                    f"the target's is {target.rng.dtype}"
+                )
+        if meta["ref_saved"]:
+            ref = tree["ref_params"]
+        else:
+            ref = target.ref_params if _is_concrete(target.ref_params) else None
+        state = TrainState(
+            step=tree["step"],
+            params=tree["params"],
+            opt_state=tree["opt_state"],
+            ref_params=ref,
+            rng=rng,
+        )
+        return state, dict(items[_HOST] or {})
+
+    def _resolve_step(self, step: int | None) -> int:
+        steps = self.all_steps()
+        if step is None:
+            if not steps:
+                raise CheckpointError(f"no checkpoint in {self.directory}")
+            return steps[-1]
+        if step not in steps:
+            raise CheckpointError(
+                f"no checkpoint for step {step} in {self.directory}; available steps: {steps}"
+            )
+        return step
+
+    def _check_layout(self, step: int, abstract: dict[str, Any]) -> None:
+        """Compares the saved arrays' names, shapes and dtypes with the target's before reading
+        any data, so a mismatch is reported by leaf instead of deep inside the array store."""
+        path = self.step_dir(step)
+        try:
+            saved_tree = self._manager.item_metadata(step)[_STATE]
+            saved_tree = getattr(saved_tree, "tree", saved_tree)
+            if not saved_tree:
+                raise ValueError("no array metadata")
+            saved = {
+                leaf.name: (tuple(leaf.shape), np.dtype(leaf.dtype))
+                for leaf in jax.tree.leaves(saved_tree)
+            }
+        except Exception as e:
+            raise CheckpointError(
+                f"cannot read the array metadata of checkpoint {path} (step {step}): "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        wanted = {
+            _leaf_name(p): (tuple(x.shape), np.dtype(x.dtype))
+            for p, x in jax.tree_util.tree_flatten_with_path(abstract)[0]
+        }
+        problems = [f"{name} missing" for name in sorted(wanted.keys() - saved.keys())]
+        problems += [f"{name} unexpected" for name in sorted(saved.keys() - wanted.keys())]
+        problems += [
+            f"{name}: saved {saved[name][0]} {saved[name][1]}, target {want[0]} {want[1]}"
+            for name, want in sorted(wanted.items())
+            if name in saved and saved[name] != want
+        ]
+        if problems:
+            shown = "; ".join(problems[:5])
+            if len(problems) > 5:
+                shown += f"; ... {len(problems) - 5} more"
+            raise CheckpointError(
+                f"checkpoint {path} (step {step}) does not match the target state: {shown}"
+            )
+
+    def _restore_items(self, step: int, args: dict[str, Any]) -> dict[str, Any]:
+        self._manager.wait_until_finished()
+        path = self.step_dir(step)
+        missing = [name for name in args if not (path / name).is_dir()]
+        if missing:
+            present = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+            raise CheckpointError(
+                f"checkpoint {path} (step {step}) is incomplete or corrupt: missing {missing}, "
+                f"found {present}; delete it or restore another step of {self.all_steps()}"
+            )
+        try:
+            restored = self._manager.restore(step, args=ocp.args.Composite(**args))
+        except Exception as e:
+            raise CheckpointError(
+                f"cannot restore checkpoint {path} (step {step}): {type(e).__name__}: {e}"
+            ) from e
+        return {name: restored[name] for name in args}
+
+    # -- lifetime -------------------------------------------------------------------------------
+
+    def wait(self) -> None:
+        """Blocks until an asynchronous save in flight is on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for the last save and releases the manager."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Checkpointer({str(self.directory)!r}, every_steps={self.every_steps})"
+
+
+@dataclasses.dataclass
+class PreemptionGuard:
+    """Turns SIGTERM (a preemption notice) into a flag the training loop checks between steps.
+
+    The loop then saves a checkpoint and exits cleanly instead of dying mid-step::
+
+        with PreemptionGuard() as guard:
+            for step in ...:
+                ...
+                if guard.should_stop():
+                    ckpt.save(step, state, host, force=True)
+                    break
+
+    The handler only sets a flag (safe at any point of the interpreter). The previous handlers
+    come back on exit. Installing requires the main thread.
+
+    Attributes:
+      signals: the signals to catch.
+      received: the signal numbers caught so far.
+    """
+
+    signals: Sequence[int] = (signal.SIGTERM,)
+    received: list[int] = dataclasses.field(default_factory=list, init=False)
+    _previous: dict[int, Any] = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+    def install(self) -> PreemptionGuard:
+        """Installs the handlers, remembering the previous ones."""
+        if self._previous:
+            raise RuntimeError("PreemptionGuard is already installed")
+        for sig in self.signals:
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError as e:
+                self.uninstall()
+                raise RuntimeError(
+                    f"cannot install a handler for signal {sig} (not the main thread?): {e}"
+                ) from e
+        return self
+
+    def uninstall(self) -> None:
+        """Restores the handlers that were there before `install`."""
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        self.received.append(signum)
+
+    @property
+    def requested(self) -> bool:
+        """Whether this process has received a stop signal."""
+        return bool(self.received)
+
+    def should_stop(self) -> bool:
+        """Whether any process has received a stop signal.
+
+        With several processes this is a collective (every process must call it at the same
+        point), so all of them save the same step and stop together.
+        """
+        if jax.process_count() == 1:
+            return self.requested
+        from jax.experimental import multihost_utils
+
+        flags = multihost_utils.process_allgather(np.array(self.requested, np.int32))
+        return bool(np.max(flags))
+
+    def __enter__(self) -> PreemptionGuard:
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()

@@ -1,0 +1,274 @@
+"""Checkpoints: bit-exact round trips, keep-last-n, host JSON, reference by path, atomicity,
+corrupt directories, sharded restore and the SIGTERM guard."""
+
+import dataclasses
+import json
+import os
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from rlvr_jax import checkpoint as ckpt_lib
+from rlvr_jax.model import config as config_lib
+from rlvr_jax.model import transformer as tf
+from rlvr_jax.rl import state as state_lib
+
+
+def _raw(x):
+    return jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+
+
+def _assert_same(a, b):
+    """Same tree structure, dtypes and bits (PRNG keys compared by their raw data)."""
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(np.asarray(_raw(x)), np.asarray(_raw(y)))
+
+
+_init_params = jax.jit(tf.init_params, static_argnums=1)
+
+
+def _state(seed: int, use_reference: bool = True, rng=None) -> state_lib.TrainState:
+    """A tiny state whose every leaf is distinct: random parameters, random Adam moments and a
+    non-zero update count (as after some training)."""
+    params = _init_params(jax.random.key(seed), config_lib.PRESETS["tiny"])
+    optimizer = state_lib.make_optimizer(state_lib.OptimConfig(learning_rate=1e-3))
+    rng = jax.random.key(seed + 100) if rng is None else rng
+    state = state_lib.init_train_state(params, optimizer, rng, use_reference)
+    draw = np.random.default_rng(seed)
+
+    def perturb(x):
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            return jnp.asarray(draw.standard_normal(x.shape), x.dtype)
+        return x + 3 + seed
+
+    return dataclasses.replace(
+        state, step=state.step + 5 + seed, opt_state=jax.tree.map(perturb, state.opt_state)
+    )
+
+
+@pytest.fixture(scope="module")
+def saved():
+    """One state, and an unrelated one of the same layout to restore into."""
+    return _state(0), _state(1)
+
+
+def _saved_paths(step_dir) -> str:
+    return (step_dir / "state" / "_METADATA").read_text()
+
+
+def test_round_trip_is_bit_exact_with_saved_reference(tmp_path, saved):
+    state, other = saved
+    host = {"data_position": 17, "curriculum": {"easy": [3, 4], "hard": 0.25}, "metrics_step": 1}
+    with ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source=None) as ckpt:
+        assert ckpt.save(1, state, host)
+    ckpt = ckpt_lib.Checkpointer(tmp_path, every_steps=1)
+    restored, host_back = ckpt.restore(other)
+    _assert_same(restored, state)
+    assert host_back == host
+    assert jnp.issubdtype(restored.rng.dtype, jax.dtypes.prng_key)
+    # The key still draws the same numbers.
+    np.testing.assert_array_equal(
+        jax.random.uniform(restored.rng, (4,)), jax.random.uniform(state.rng, (4,))
+    )
+    meta = ckpt.read_meta()
+    assert meta["ref_saved"] and meta["ref_source"] is None
+    assert meta["rng_impl"] == "threefry2x32"
+    assert "ref_params" in _saved_paths(ckpt.step_dir(1))
+    ckpt.close()
+
+
+def test_reference_recorded_by_path_not_written(tmp_path, saved):
+    state, other = saved
+    with ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="embedded") as ckpt:
+        ckpt.save(3, state, {"data_position": 5})
+        meta = ckpt.read_meta(3)
+        assert meta["ref_source"] == "embedded" and not meta["ref_saved"]
+        assert "ref_params" not in _saved_paths(ckpt.step_dir(3))
+        assert "params" in _saved_paths(ckpt.step_dir(3))
+
+        # A concrete target (the caller reloaded the reference from its source) keeps its own.
+        restored, host = ckpt.restore(other)
+        assert host == {"data_position": 5}
+        _assert_same(restored.params, state.params)
+        _assert_same(restored.opt_state, state.opt_state)
+        assert restored.ref_params is other.ref_params
+
+        # An abstract target cannot supply them: the caller reloads from meta["ref_source"].
+        restored, _ = ckpt.restore(jax.eval_shape(lambda: other))
+        assert restored.ref_params is None
+        _assert_same(restored.params, state.params)
+        _assert_same(restored.rng, state.rng)
+
+
+def test_save_ref_overrides_the_source(tmp_path, saved):
+    state, other = saved
+    with ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="/m", save_ref=True) as ckpt:
+        ckpt.save(2, state)
+        assert ckpt.read_meta()["ref_saved"]
+        restored, host = ckpt.restore(other)
+    _assert_same(restored, state)
+    assert host == {}
+
+
+def test_state_without_reference_and_raw_key(tmp_path):
+    state = _state(2, use_reference=False, rng=jax.random.PRNGKey(7))
+    other = _state(3, use_reference=False, rng=jax.random.PRNGKey(8))
+    with ckpt_lib.Checkpointer(tmp_path, every_steps=1) as ckpt:
+        ckpt.save(4, state)
+        assert ckpt.read_meta()["rng_impl"] is None
+        restored, _ = ckpt.restore(other)
+    assert restored.ref_params is None
+    _assert_same(restored, state)
+    assert restored.rng.dtype == jnp.uint32
+
+
+def test_interval_keep_last_n_and_no_double_save(tmp_path, saved):
+    state, _ = saved
+    with ckpt_lib.Checkpointer(tmp_path, every_steps=2, keep=2, ref_source="embedded") as ckpt:
+        assert ckpt.restore(state) is None
+        assert ckpt.latest_step() is None
+        started = [ckpt.save(step, state, {"step": step}) for step in range(1, 8)]
+        assert started == [False, True, False, True, False, True, False]
+        assert ckpt.save(7, state, {"step": 7}, force=True)
+        assert not ckpt.save(7, state, {"step": 7}, force=True)  # already on disk
+        ckpt.wait()
+        assert ckpt.all_steps() == [6, 7]
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["6", "7"]
+        assert ckpt.restore(state)[1] == {"step": 7}
+        assert ckpt.restore(state, step=6)[1] == {"step": 6}
+        with pytest.raises(ckpt_lib.CheckpointError, match=r"step 5 .*\[6, 7\]"):
+            ckpt.restore(state, step=5)
+
+
+def test_interrupted_save_is_not_the_latest(tmp_path, saved):
+    state, other = saved
+    with ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="embedded") as ckpt:
+        ckpt.save(4, state, {"at": 4})
+    # What a save killed mid-write leaves behind: orbax's temporary directory, half filled.
+    partial = tmp_path / "9.orbax-checkpoint-tmp-1700000000000000"
+    (partial / "state").mkdir(parents=True)
+    (partial / "state" / "manifest.ocdbt").write_bytes(b"\x00garbage")
+    with ckpt_lib.Checkpointer(tmp_path, read_only=True, every_steps=1) as reader:
+        assert reader.latest_step() == 4
+        restored, host = reader.restore(other)
+        with pytest.raises(ckpt_lib.CheckpointError, match="read-only; cannot save step 5"):
+            reader.save(5, state)
+    assert host == {"at": 4}
+    _assert_same(restored.params, state.params)
+    assert partial.exists()  # a reader deletes nothing
+    with ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="embedded") as ckpt:
+        assert ckpt.latest_step() == 4
+        assert not partial.exists()  # a writer clears what the interrupted save left
+
+
+def test_corrupt_directory_names_path_and_step(tmp_path, saved):
+    state, other = saved
+    with ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="embedded") as ckpt:
+        ckpt.save(4, state)
+        ckpt.save(5, state)
+    # Step 5's tree metadata is truncated; a stray "9" directory holds nothing.
+    index = tmp_path / "5" / "state" / "_METADATA"
+    index.write_bytes(index.read_bytes()[:10])
+    (tmp_path / "9").mkdir()
+    (tmp_path / "9" / "junk").write_text("x")
+    ckpt = ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="embedded")
+    with pytest.raises(ckpt_lib.CheckpointError, match=r"9 \(step 9\) is incomplete"):
+        ckpt.restore(other)
+    with pytest.raises(ckpt_lib.CheckpointError, match=r"5 \(step 5\)") as e:
+        ckpt.restore(other, step=5)
+    assert str(tmp_path / "5") in str(e.value)
+    restored, _ = ckpt.restore(other, step=4)
+    _assert_same(restored.params, state.params)
+    ckpt.close()
+
+
+def test_mismatched_target_is_a_clear_error(tmp_path, saved):
+    state, _ = saved
+    small = _state(0)
+    small = dataclasses.replace(
+        small, params=dataclasses.replace(small.params, embed=small.params.embed[:8])
+    )
+    with ckpt_lib.Checkpointer(tmp_path, every_steps=1) as ckpt:
+        ckpt.save(1, state)
+        with pytest.raises(
+            ckpt_lib.CheckpointError, match=r"step 1.*params.embed: saved \(512, 64\)"
+        ):
+            ckpt.restore(small)
+        no_ref = dataclasses.replace(state, ref_params=None)
+        with pytest.raises(ckpt_lib.CheckpointError, match="reference parameters"):
+            ckpt.restore(no_ref)
+
+
+def test_bad_arguments_name_the_value(tmp_path, saved):
+    state, _ = saved
+    with pytest.raises(ValueError, match="keep=0"):
+        ckpt_lib.Checkpointer(tmp_path, every_steps=1, keep=0)
+    with pytest.raises(ValueError, match="every_steps=-1"):
+        ckpt_lib.Checkpointer(tmp_path, every_steps=-1)
+    with ckpt_lib.Checkpointer(tmp_path, every_steps=1) as ckpt:
+        with pytest.raises(TypeError, match="'curriculum'"):
+            ckpt.save(1, state, {"curriculum": {1, 2}})
+        with pytest.raises(ValueError, match="step=-3"):
+            ckpt.save(-3, state)
+        assert ckpt.all_steps() == []
+
+
+def test_restore_follows_the_target_sharding(tmp_path, saved):
+    state, other = saved
+    mesh = Mesh(np.array(jax.devices()[:8]), ("fsdp",))
+    replicated = NamedSharding(mesh, P())
+    rows = NamedSharding(mesh, P("fsdp"))
+
+    def place(x):
+        sharded = x.ndim >= 1 and x.shape[0] % 8 == 0 and x.shape[0] >= 64
+        return jax.device_put(x, rows if sharded else replicated)
+
+    target = jax.tree.map(place, other)
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target
+    )
+    with ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="embedded") as ckpt:
+        ckpt.save(1, state)
+        for into in (target, abstract):
+            restored, _ = ckpt.restore(into)
+            assert restored.params.embed.sharding == rows
+            assert restored.opt_state[1][0].mu.embed.sharding == rows
+            assert restored.step.sharding == replicated
+            _assert_same(restored.params, state.params)
+            _assert_same(restored.rng, state.rng)
+
+
+def test_preemption_guard_catches_sigterm_and_restores_handler():
+    before = signal.getsignal(signal.SIGTERM)
+    with ckpt_lib.PreemptionGuard() as guard:
+        assert not guard.requested and not guard.should_stop()
+        assert signal.getsignal(signal.SIGTERM) != before
+        os.kill(os.getpid(), signal.SIGTERM)
+        # The handler runs at the next bytecode boundary of the main thread.
+        for _ in range(1000):
+            if guard.requested:
+                break
+        assert guard.requested and guard.should_stop()
+        assert guard.received == [signal.SIGTERM]
+    assert signal.getsignal(signal.SIGTERM) == before
+    with pytest.raises(RuntimeError, match="already installed"), guard, guard:
+        pass
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_host_json_is_copied_at_save_time(tmp_path, saved):
+    state, other = saved
+    host = {"curriculum": {"a": [1]}}
+    with ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="embedded") as ckpt:
+        ckpt.save(1, state, host)
+        host["curriculum"]["a"].append(2)  # mutation after save must not leak into the file
+        _, back = ckpt.restore(other)
+    assert back == {"curriculum": {"a": [1]}}
+    assert json.loads((tmp_path / "1" / "meta" / "metadata").read_text())["version"] == 1

@@ -1,0 +1,270 @@
+"""The metrics ledger: JSONL, TensorBoard, W&B, console, timing, resume, non-finite values."""
+
+import io
+import json
+import math
+import struct
+import sys
+import time
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tensorboardX.proto import event_pb2
+
+from rlvr_jax import metrics as metrics_lib
+
+
+def _step_metrics(i: int) -> dict:
+    return {
+        "reward/mean": jnp.float32(0.25 * i),
+        "accuracy": np.float32(0.5),
+        "length/mean": jnp.asarray(100.0 + i),
+        "kl/mean": 1e-3,
+        "rollout/tokens": jnp.int32(1000),
+        "time/step": 2.0,
+        "groups/success_hist": jnp.array([3, 0, 1, 4], jnp.int32),
+        "adv": {"frac_all_correct": jnp.float32(0.125)},
+    }
+
+
+def _strict_lines(path) -> list[dict]:
+    """Parses each line as strict JSON (NaN/Infinity tokens are an error)."""
+
+    def reject(token):
+        raise ValueError(f"non-standard JSON constant {token}")
+
+    return [json.loads(line, parse_constant=reject) for line in path.read_text().splitlines()]
+
+
+def _events(logdir) -> list[event_pb2.Event]:
+    """Every event of every TFRecord file in `logdir` (8-byte length, 4-byte crc, data, crc)."""
+    events = []
+    for path in sorted(logdir.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            (n,) = struct.unpack("<Q", data[pos : pos + 8])
+            event = event_pb2.Event()
+            event.ParseFromString(data[pos + 12 : pos + 12 + n])
+            events.append(event)
+            pos += 12 + n + 4
+    return events
+
+
+def test_jsonl_holds_every_metric_of_every_step(tmp_path):
+    stream = io.StringIO()
+    with metrics_lib.MetricsWriter(tmp_path, use_tensorboard=False, stream=stream) as w:
+        before = time.time()
+        for i in range(1, 4):
+            entry = w.write(i, _step_metrics(i))
+        assert entry["step"] == 3
+    lines = _strict_lines(tmp_path / "metrics.jsonl")
+    assert [e["step"] for e in lines] == [1, 2, 3]
+    last = lines[-1]
+    assert before <= last["time"] <= time.time()
+    assert last["reward/mean"] == 0.75 and isinstance(last["reward/mean"], float)
+    assert last["length/mean"] == 103.0
+    assert last["kl/mean"] == 1e-3
+    assert last["rollout/tokens"] == 1000 and isinstance(last["rollout/tokens"], int)
+    assert last["groups/success_hist"] == [3.0, 0.0, 1.0, 4.0]
+    assert last["adv/frac_all_correct"] == 0.125  # nested dicts are joined with "/"
+    assert last["throughput/tokens_per_s"] == 500.0  # derived: 1000 tokens in 2 s
+    assert metrics_lib.read_metrics(tmp_path) == lines
+
+
+def test_one_device_get_per_step(tmp_path, monkeypatch):
+    calls = []
+    real = jax.device_get
+    monkeypatch.setattr(metrics_lib.jax, "device_get", lambda x: calls.append(1) or real(x))
+    with metrics_lib.MetricsWriter(tmp_path, use_tensorboard=False, stream=io.StringIO()) as w:
+        w.write(1, _step_metrics(1))
+        w.write(2, _step_metrics(2))
+    assert len(calls) == 2
+
+
+def test_nonfinite_values_are_null_and_counted(tmp_path):
+    stream = io.StringIO()
+    w = metrics_lib.MetricsWriter(tmp_path, use_tensorboard=True, stream=stream)
+    w.write(1, {"kl/mean": jnp.float32(jnp.nan), "loss": jnp.inf, "ok": 1.0})
+    w.write(2, {"kl/mean": jnp.float32(jnp.nan), "hist": np.array([1.0, np.nan]), "ok": 2.0})
+    assert w.nonfinite == {"kl/mean": 2, "loss": 1, "hist": 1}
+    w.close()
+    lines = _strict_lines(tmp_path / "metrics.jsonl")
+    assert lines[0]["kl/mean"] is None and lines[0]["loss"] is None and lines[0]["ok"] == 1.0
+    assert lines[1]["hist"] == [1.0, None]
+    assert "kl/mean x2" in stream.getvalue() and "loss x1" in stream.getvalue()
+    # TensorBoard gets only the finite scalars.
+    tags = {(v.tag, e.step) for e in _events(tmp_path / "tensorboard") for v in e.summary.value}
+    assert ("ok", 1) in tags and ("ok", 2) in tags
+    assert not any(tag in ("kl/mean", "loss") for tag, _ in tags)
+
+
+def test_tensorboard_scalars_and_histogram(tmp_path):
+    with metrics_lib.MetricsWriter(tmp_path, stream=io.StringIO()) as w:
+        for i in range(1, 3):
+            w.write(i, _step_metrics(i))
+    values = {}
+    for e in _events(tmp_path / "tensorboard"):
+        for v in e.summary.value:
+            values[(v.tag, e.step)] = v
+    assert values[("reward/mean", 2)].simple_value == pytest.approx(0.5)
+    assert values[("throughput/tokens_per_s", 1)].simple_value == pytest.approx(500.0)
+    hist = values[("groups/success_hist", 2)].histo
+    assert list(hist.bucket) == [3.0, 0.0, 1.0, 4.0]
+    assert hist.num == 8 and hist.min == 0 and hist.max == 3
+    assert hist.sum == 0 * 3 + 2 * 1 + 3 * 4
+    # A resumed writer marks the restart so TensorBoard hides the abandoned steps after it.
+    metrics_lib.MetricsWriter(tmp_path, resume_step=1, stream=io.StringIO()).close()
+    starts = [e.step for e in _events(tmp_path / "tensorboard") if e.HasField("session_log")]
+    assert 2 in starts
+
+
+def test_only_process_zero_writes(tmp_path):
+    stream = io.StringIO()
+    w = metrics_lib.MetricsWriter(tmp_path / "w", process_index=1, use_wandb=True, stream=stream)
+    assert w.write(1, _step_metrics(1)) is None
+    w.print("hello")
+    w.close()
+    assert not (tmp_path / "w").exists()
+    assert stream.getvalue() == ""
+
+
+def test_console_lines_per_interval_when_not_a_terminal(tmp_path):
+    stream = io.StringIO()
+    with metrics_lib.MetricsWriter(
+        tmp_path, use_tensorboard=False, log_every=2, total_steps=5, stream=stream
+    ) as w:
+        for i in range(1, 6):
+            w.write(i, _step_metrics(i))
+    lines = stream.getvalue().splitlines()
+    assert [line.split("]")[1].split("|")[0].strip() for line in lines] == ["2/5", "4/5", "5/5"]
+    assert "\r" not in stream.getvalue()
+    first = lines[0]
+    assert first.startswith("[########............] 2/5")
+    for part in ("reward 0.500", "acc 0.500", "len 102", "kl 1.00e-03", "s/step 2.00"):
+        assert part in first, (part, first)
+    assert "tok/s 500" in first and "eta " in first
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_overwrites_itself_on_a_terminal(tmp_path):
+    stream = _Terminal()
+    w = metrics_lib.MetricsWriter(tmp_path, use_tensorboard=False, total_steps=3, stream=stream)
+    w.write(1, {"reward/mean": 0.1})
+    w.write(2, {"reward/mean": 0.2})
+    assert stream.getvalue().count("\r") == 2 and "\n" not in stream.getvalue()
+    w.print("eval: 0.5")  # a message breaks the bar line instead of being overwritten
+    w.write(3, {"reward/mean": 0.3})
+    w.close()
+    out = stream.getvalue()
+    assert "\neval: 0.5\n" in out
+    assert out.endswith("3/3 | reward 0.300\n")
+
+
+def test_resume_drops_entries_after_the_restored_step(tmp_path):
+    with metrics_lib.MetricsWriter(tmp_path, use_tensorboard=False, stream=io.StringIO()) as w:
+        for i in range(1, 6):
+            w.write(i, {"x": float(i)})
+    stream = io.StringIO()
+    with metrics_lib.MetricsWriter(
+        tmp_path, use_tensorboard=False, resume_step=3, stream=stream
+    ) as w:
+        assert [e["step"] for e in metrics_lib.read_metrics(tmp_path)] == [1, 2, 3]
+        w.write(4, {"x": 40.0})
+    assert "dropped 2 entries after step 3" in stream.getvalue()
+    entries = metrics_lib.read_metrics(tmp_path)
+    assert [(e["step"], e["x"]) for e in entries] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+    # A fresh run (resume_step=0) in the same workdir starts a new history.
+    metrics_lib.MetricsWriter(tmp_path, use_tensorboard=False, stream=io.StringIO()).close()
+    assert metrics_lib.read_metrics(tmp_path) == []
+
+
+def test_read_metrics_tolerates_a_torn_last_line_only(tmp_path):
+    assert metrics_lib.read_metrics(tmp_path) == []
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n{"step": 1, "x": 9}\n{"step": 3, "x')
+    assert [(e["step"], e["x"]) for e in metrics_lib.read_metrics(tmp_path)] == [(1, 9), (2, 2)]
+    assert metrics_lib.truncate_metrics(tmp_path, after_step=10) == 2  # the tear and a duplicate
+    assert path.read_text().count("\n") == 2
+    path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a metrics entry"):
+        metrics_lib.read_metrics(tmp_path)
+
+
+def test_bad_metrics_name_the_value(tmp_path):
+    with metrics_lib.MetricsWriter(tmp_path, use_tensorboard=False, stream=io.StringIO()) as w:
+        with pytest.raises(ValueError, match=r"'m' has shape \(2, 2\)"):
+            w.write(1, {"m": np.zeros((2, 2))})
+        with pytest.raises(TypeError, match="'name' has non-numeric value"):
+            w.write(1, {"name": "abc"})
+        with pytest.raises(ValueError, match="reserved"):
+            w.write(1, {"time": 1.0})
+        with pytest.raises(TypeError, match="step=1.5"):
+            w.write(1.5, {"x": 1.0})
+    with pytest.raises(RuntimeError, match="closed"):
+        w.write(2, {"x": 1.0})
+    with pytest.raises(ValueError, match="log_every=0"):
+        metrics_lib.MetricsWriter(tmp_path, log_every=0)
+
+
+def test_wandb_missing_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
+    with pytest.raises(ImportError, match="use_wandb=True but the `wandb` package"):
+        metrics_lib.MetricsWriter(tmp_path / "w", use_wandb=True, use_tensorboard=False)
+    assert not (tmp_path / "w" / "metrics.jsonl").exists()
+
+
+def test_wandb_gets_scalars_and_keeps_the_run_id(tmp_path, monkeypatch):
+    calls = {"init": [], "log": [], "finish": 0}
+
+    class Run:
+        id = "run123"
+
+        def log(self, data, step):
+            calls["log"].append((step, data))
+
+        def finish(self):
+            calls["finish"] += 1
+
+    def init(**kwargs):
+        calls["init"].append(kwargs)
+        return Run()
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    kwargs = dict(use_tensorboard=False, use_wandb=True, wandb_project="p", stream=io.StringIO())
+    with metrics_lib.MetricsWriter(tmp_path, wandb_config={"lr": 1e-6}, **kwargs) as w:
+        w.write(1, {"reward/mean": jnp.float32(0.5), "bad": math.nan, "hist": [1, 2]})
+    assert calls["init"][0]["project"] == "p" and calls["init"][0]["config"] == {"lr": 1e-6}
+    assert calls["init"][0]["id"] is None
+    assert calls["log"] == [(1, {"reward/mean": 0.5})]
+    assert calls["finish"] == 1
+    with metrics_lib.MetricsWriter(tmp_path, resume_step=1, **kwargs):
+        pass
+    assert calls["init"][1]["id"] == "run123" and calls["init"][1]["resume"] == "allow"
+
+
+def test_stage_timer_and_throughput():
+    timer = metrics_lib.StageTimer()
+    with timer.stage("step"):
+        with timer.stage("rollout"):
+            time.sleep(0.02)
+        timer.record("verify", 0.5)
+        timer.record("verify", 0.25)
+    out = timer.metrics()
+    assert set(out) == {"time/step", "time/rollout", "time/verify"}
+    assert out["time/verify"] == 0.75
+    assert 0.02 <= out["time/rollout"] <= out["time/step"]
+    assert timer.metrics() == {}
+    with pytest.raises(ValueError, match="'a/b'"), timer.stage("a/b"):
+        pass
+    with pytest.raises(ValueError, match="-1"):
+        timer.record("x", -1)
+    assert metrics_lib.tokens_per_second(1000, 4.0) == 250.0
+    assert math.isnan(metrics_lib.tokens_per_second(1000, 0.0))

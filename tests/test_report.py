@@ -1,0 +1,125 @@
+"""The report: PNGs from metrics.jsonl, skipped topics, the group-success plots, the CLI."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from matplotlib.collections import QuadMesh
+from PIL import Image
+
+from rlvr_jax import report
+
+
+def _write(workdir, entries):
+    workdir.mkdir(parents=True, exist_ok=True)
+    with open(workdir / "metrics.jsonl", "w") as f:
+        for e in entries:
+            f.write(json.dumps(e) + "\n")
+
+
+def _full_run(steps: int = 6, hist: bool = True) -> list[dict]:
+    entries = []
+    for s in range(1, steps + 1):
+        e = {
+            "step": s,
+            "time": 1000.0 + s,
+            "reward/mean": 0.1 * s,
+            "accuracy": 0.1 * s,
+            "length/mean": 50.0 + s,
+            "length/p95": 90.0,
+            "length/correct": 40.0,
+            "length/incorrect": 60.0,
+            "kl/mean": 1e-4 * s if s > 1 else 0.0,
+            "clip/frac_low": 0.01,
+            "clip/frac_high": None,  # a non-finite value written as null
+            "entropy/mean": 1.5,
+            "time/rollout": 2.0,
+            "time/update": 1.0,
+            "adv/frac_all_correct": 0.1,
+            "adv/frac_all_wrong": 0.5,
+        }
+        if hist:
+            e["groups/success_hist"] = [s, 1, 0, 6 - s, 0]
+        entries.append(e)
+    return entries
+
+
+def test_every_plot_is_a_png(tmp_path):
+    _write(tmp_path, _full_run())
+    notes = []
+    written = report.make_report(tmp_path, window=3, log=notes.append)
+    assert set(written) == {"reward", "length", "kl", "clip", "entropy", "timing", "groups"}
+    for path in written.values():
+        assert path.parent == tmp_path / "plots"
+        with Image.open(path) as img:
+            assert img.format == "PNG" and img.size == (700, 400)
+    assert notes == [f"report: wrote 7 plots of 6 steps to {tmp_path / 'plots'}"]
+
+
+def test_missing_metrics_skip_their_plot_with_a_note(tmp_path, capsys):
+    _write(tmp_path, [{"step": s, "time": 0.0, "reward/mean": 0.5} for s in range(3)])
+    written = report.make_report(tmp_path, out_dir=tmp_path / "out")
+    assert set(written) == {"reward"}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["reward.png"]
+    out = capsys.readouterr().out
+    for name in ("length", "kl", "clip", "entropy", "timing", "groups"):
+        assert f"skipping {name}.png" in out
+    assert "no metric among ['kl/mean']" in out
+    assert "no metric among ['time/*']" in out
+
+
+def test_success_histogram_heat_map_holds_fractions():
+    fig = report.group_figure(_full_run(steps=3))
+    (mesh,) = [c for c in fig.axes[0].collections if isinstance(c, QuadMesh)]
+    fractions = np.asarray(mesh.get_array()).reshape(5, 3)
+    expected = np.array([[1, 1, 0, 5, 0], [2, 1, 0, 4, 0], [3, 1, 0, 3, 0]]).T / 7
+    np.testing.assert_allclose(fractions, expected)
+
+
+def test_without_histogram_the_outcome_fractions_are_stacked():
+    fig = report.group_figure(_full_run(steps=4, hist=False))
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "all wrong",
+        "mixed",
+        "all correct",
+    ]
+    # The top of the stack is 1: wrong 0.5 + mixed 0.4 + correct 0.1.
+    top = ax.collections[-1].get_paths()[0].vertices[:, 1]
+    assert np.isclose(top.max(), 1.0)
+    assert report.group_figure([{"step": 1, "adv/frac_all_wrong": 0.5}]).startswith("no ")
+
+
+def test_line_figure_draws_present_keys_and_smooths():
+    entries = [{"step": s, "length/mean": float(s), "length/p95": None} for s in range(1, 5)]
+    spec = report.LINE_PLOTS[1]
+    fig = report.line_figure(entries, spec)
+    ax = fig.axes[0]
+    assert [line.get_label() for line in ax.get_lines()] == ["length/mean", "length/p95"]
+    assert np.isnan(ax.get_lines()[1].get_ydata()).all()
+    np.testing.assert_allclose(
+        report.smooth(np.array([1.0, np.nan, 3.0, 5.0]), 2), [1.0, 1.0, 3.0, 4.0]
+    )
+
+
+def test_empty_workdir_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
+        report.make_report(tmp_path)
+
+
+def test_command_line(tmp_path):
+    _write(tmp_path, _full_run(steps=2, hist=False))
+    result = subprocess.run(
+        [sys.executable, "-m", "rlvr_jax.report", "--workdir", str(tmp_path), "--smooth", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "wrote 7 plots of 2 steps" in result.stdout
+    assert (tmp_path / "plots" / "groups.png").exists()
+    with pytest.raises(SystemExit):
+        report.main(["--workdir", str(tmp_path), "--smooth", "0"])
