@@ -30,6 +30,7 @@ setup(
         "jinja2>=3.1.0",
         "tensorboardX>=2.6",
         "matplotlib>=3.8",
+        "math-verify>=0.9.0",
     ],
     extras_require={
         # torch is the CPU reference for parity tests and benchmarks only.

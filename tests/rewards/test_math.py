@@ -1,0 +1,237 @@
+"""Math verifier: answer extraction, equivalence both ways, hostile inputs under a deadline."""
+
+import time
+from fractions import Fraction
+
+import pytest
+
+from rlvr_jax.rewards import math as math_reward
+from rlvr_jax.rewards.pool import VerifierPool
+
+# (pred, gold): each pair is equivalent, checked in both directions.
+EQUIVALENT = [
+    ("1000", "1,000"),
+    ("1\\,000", "1000"),
+    ("1 000", "1000"),
+    ("1{,}000", "1000"),
+    ("1\u2009000", "1000"),
+    ("1\u202f000", "1000"),
+    ("1,000,000", "10^6"),
+    ("1,000.5", "1000.5"),
+    ("42.", "42"),
+    ("5.", "5.0"),
+    ("3.0", "3"),
+    ("+7", "7"),
+    ("\u22123", "-3"),
+    ("12.5\\%", "12.5"),
+    ("12.5%", "0.125"),
+    ("50\\%", "\\frac{1}{2}"),
+    ("0.5", "\\frac{1}{2}"),
+    ("\\dfrac{3}{4}", "0.75"),
+    ("\\tfrac{3}{4}", "3/4"),
+    ("\\frac34", "0.75"),
+    ("-\\frac{1}{2}", "-0.5"),
+    ("\\frac{-1}{2}", "-0.5"),
+    ("2\\frac{1}{2}", "2.5"),
+    ("1/3", "0.333333333333"),
+    ("0.30000000000000004", "0.3"),
+    ("1.5\\times10^{3}", "1500"),
+    ("1e3", "1000"),
+    ("\\$18", "18"),
+    ("18 dollars", "18"),
+    ("10\\text{ cm}", "10"),
+    ("90^\\circ", "90"),
+    ("90^{\\circ}", "90"),
+    ("x=5", "5"),
+    ("x = 5", "5"),
+    ("$\\frac{1}{2}$", "1/2"),
+    ("\\left( 1, 2 \\right)", "(1,2)"),
+    ("(1,2)", "(1, 2)"),
+    ("[1,2)", "[1, 2)"),
+    ("(-\\infty, 3]", "(-\\infty,3]"),
+    ("\\langle 1, 2\\rangle", "(1,2)"),
+    ("\\{1,2,3\\}", "\\{3,2,1\\}"),
+    ("2, -5", "-5, 2"),
+    ("(1,2)\\cup(3,4)", "(3,4)\\cup(1,2)"),
+    ("(0.5, \\frac{1}{4})", "(\\frac{1}{2}, 0.25)"),
+    ("(5)", "5"),
+    ("\\infty", "\u221e"),
+    ("\\sqrt2", "\\sqrt{2}"),
+    ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"),
+    ("\\sqrt{16}", "4"),
+    ("2^{10}", "1024"),
+    ("\\cos(\\pi)", "-1"),
+    ("2\\pi", "6.283185307179586"),
+    ("\\sqrt{2}", "1.41421356237"),
+    ("\\pi/2", "\\frac{\\pi}{2}"),
+    ("(x+1)^2", "x^2+2x+1"),
+    ("\\text{Yes}", "yes"),
+    ("(B)", "B"),
+    ("\\textbf{(C)}", "C"),
+]
+
+# (pred, gold): never equivalent, in either direction.
+DIFFERENT = [
+    ("3.1415926", "3.14159265"),
+    ("0.333333", "\\frac{1}{3}"),
+    ("\\pi", "3.14159"),
+    ("1.41421", "\\sqrt{2}"),
+    ("1000000000000", "1000000000001"),
+    ("0.1", "0.10000001"),
+    ("10^{-10}", "0"),
+    ("5", "6"),
+    ("-5", "5"),
+    ("1,000", "1"),
+    ("1e3", "1001"),
+    ("12.5", "0.125"),
+    ("50\\%", "0.6"),
+    ("\\frac{1}{2}", "\\frac{1}{3}"),
+    ("2x", "2"),
+    ("x^2+1", "x^2-1"),
+    ("x", "y"),
+    ("\\sqrt{3}", "\\sqrt{2}"),
+    ("[1,2)", "(1,2)"),
+    ("(1, 2]", "(1, 2)"),
+    ("(-\\infty, 3)", "(-\\infty, 3]"),
+    ("(1,2)", "(2,1)"),
+    ("(1,2)", "\\{1,2\\}"),
+    ("\\{1,2\\}", "\\{1,2,3\\}"),
+    ("2, 3", "2, 3, 4"),
+    ("A", "B"),
+    ("\\text{yes}", "no"),
+    ("", "5"),
+]
+
+
+def test_tables_are_large_enough():
+    assert len(EQUIVALENT) + len(DIFFERENT) >= 60
+
+
+@pytest.mark.parametrize(("pred", "gold"), EQUIVALENT)
+def test_equivalent_both_ways(pred, gold):
+    assert math_reward.is_equivalent(pred, gold), (pred, gold)
+    assert math_reward.is_equivalent(gold, pred), (gold, pred)
+
+
+@pytest.mark.parametrize(("pred", "gold"), DIFFERENT)
+def test_different_both_ways(pred, gold):
+    assert not math_reward.is_equivalent(pred, gold), (pred, gold)
+    assert not math_reward.is_equivalent(gold, pred), (gold, pred)
+
+
+def test_none_is_never_equivalent():
+    assert not math_reward.is_equivalent(None, "5")
+    assert not math_reward.is_equivalent("5", None)
+    with pytest.raises(TypeError, match="pred must be a str"):
+        math_reward.is_equivalent(5, "5")
+
+
+def test_numeric_rule():
+    F = Fraction
+    assert math_reward.numbers_close(F(10**15), F(10**15))
+    assert not math_reward.numbers_close(F(10**15), F(10**15 + 1))  # integers: exact
+    assert math_reward.numbers_close(F(1, 3), F(333333333333, 10**12))  # 1e-12 relative
+    assert not math_reward.numbers_close(F(1, 3), F(333333, 10**6))
+
+
+EXTRACT = [
+    ("The answer is \\boxed{42}.", "42"),
+    ("\\boxed{1} and then \\boxed{2}", "2"),
+    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+    ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
+    ("so $\\boxed{x^{2}}$.", "x^{2}"),
+    ("\\fbox{7}", "7"),
+    ("\\boxed 5", "5"),
+    ("\\boxed{42.}", "42."),
+    ("\\boxed{a} \\boxed{unclosed", "a"),
+    ("\\boxed{unclosed", None),
+    ("#### 1,000", "1,000"),
+    ("Natalia sold 48/2 = 24 clips.\n#### 72\n", "72"),
+    ("<answer>1</answer> <answer>2</answer>", "2"),
+    ("<answer> \\boxed{7} </answer>", "7"),
+    ("<think>so \\boxed{3}</think> <answer>5</answer>", "5"),
+    ("<think><answer>9</answer></think> hence \\boxed{8}", "8"),
+    ("<think>so \\boxed{3}</think> hence \\boxed{4}", "4"),
+    ("<think>only here \\boxed{3}</think>", "3"),
+    ("<answer>  </answer>", None),
+    ("no answer at all", None),
+    ("", None),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), EXTRACT)
+def test_extract_answer(text, expected):
+    assert math_reward.extract_answer(text) == expected
+
+
+def test_boxed_trailing_dot_scores():
+    assert math_reward.score("Thus \\boxed{42.}", "42") == 1.0
+    assert math_reward.score("Thus \\boxed{41}", "42") == 0.0
+    assert math_reward.score("no answer", "42") == 0.0
+
+
+def test_extract_is_linear_on_hostile_text():
+    # Quadratic scans would not finish; the values are what the rules say.
+    assert math_reward.extract_answer("\\boxed{" * 100_000) is None
+    assert math_reward.extract_answer("<answer>" * 100_000 + "</answer>") is None
+    assert math_reward.extract_answer("{" * 500_000 + "\\boxed{1}" + "}" * 10) == "1"
+    assert math_reward.extract_answer("x" * 1_000_000 + "\\boxed{7}") == "7"
+
+
+DEADLINE_S = 2.0
+SLACK_S = 1.5
+
+HOSTILE = {
+    "power tower": "\\boxed{9^{9^{9^9}}}",
+    "python power tower": "\\boxed{10**10**10}",
+    "bare power tower": "\\boxed{9^9^9^9}",
+    "parenthesized tower": "\\boxed{9^(9^(9^9))}",
+    "huge exponent": "\\boxed{2^{1000000000}}",
+    "huge scientific": "\\boxed{1e999999999}",
+    "factorial tower": "\\boxed{((10!)!)!}",
+    "huge factorial": "\\boxed{100000!}",
+    "huge binomial": "\\boxed{\\binom{10^{100}}{10^{50}}}",
+    "10k parentheses": "\\boxed{" + "(" * 10_000 + "1" + ")" * 10_000 + "}",
+    "10k braces": "\\boxed{" + "{" * 10_000 + "1" + "}" * 10_000 + "}",
+    "2k nested fractions": "\\boxed{" + "\\frac{1}{" * 2000 + "2" + "}" * 2000 + "}",
+    "100k unclosed boxes": "\\boxed{" * 100_000,
+    "1 MB of digits": "\\boxed{" + "1" * 1_000_000 + "}",
+    "1 MB of text": "a" * 1_000_000,
+    "1 MB of dollars": "$" * 1_000_000,
+    "100k commas": "\\boxed{" + ",".join(["1"] * 100_000) + "}",
+}
+
+
+@pytest.fixture(scope="module")
+def math_pool():
+    with VerifierPool(
+        math_reward.score, num_workers=2, deadline_s=DEADLINE_S, warmup=math_reward.WARMUP
+    ) as pool:
+        assert pool.map([("\\boxed{1}", "1")]) == [1.0]  # both workers warm before timing
+        yield pool
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_input_finishes_within_deadline(math_pool, name):
+    start = time.monotonic()
+    rewards, statuses = math_pool.map_with_status([(HOSTILE[name], "1")])
+    elapsed = time.monotonic() - start
+    assert rewards == [0.0]
+    assert statuses[0] in ("ok", "timeout")
+    assert elapsed < DEADLINE_S + SLACK_S, f"{name}: {elapsed:.2f} s"
+
+
+def test_pool_scores_math_and_reports_throughput(math_pool):
+    items, expected = [], []
+    for i in range(100):
+        items += [
+            (f"so \\boxed{{{i * 1000:,}}}", str(i * 1000)),
+            (f"<answer>\\frac{{{i}}}{{4}}</answer>", str(i / 4)),
+            ("\\boxed{(x+1)^2}", "x^2+2x+1") if i % 10 == 0 else ("#### 3", "4"),
+        ]
+        expected += [1.0, 1.0, 1.0 if i % 10 == 0 else 0.0]
+    checks, seconds = math_pool.stats.checks, math_pool.stats.seconds
+    assert math_pool.map(items) == expected
+    checks = math_pool.stats.checks - checks
+    seconds = math_pool.stats.seconds - seconds
+    print(f"\nmath pool throughput: {checks / seconds:.0f} checks/s ({checks} checks, 2 workers)")
