@@ -1,0 +1,303 @@
+"""The sampler's model side: prefill into a decode cache, and one-token decode steps.
+
+Prefill runs `transformer.hidden_states` over the left-padded prompts. Decode runs one token per
+row through the same math as `transformer._layer`, over a cache laid out (N, K, S, Dh) per layer,
+so that attention is a batched matmul over (N, K) with no transpose. Two layer loops:
+
+* "scan": layers stacked on L under `lax.scan` (compile time independent of depth), the cache one
+  (L, N, K, S, Dh) array. Attention reads only the filled prefix of the cache, rounded up to a
+  static window (`lax.switch`), and the new keys/values are written once after the scan. This is
+  the loop for TPU and GPU, where XLA feeds a dynamic slice of the stacked weights to the matmul
+  without a copy.
+* "unroll": a Python loop over per-layer weights, split from the stack once per call, and a tuple
+  of per-layer caches; each layer writes its new key/value in place and attends over its whole
+  buffer. XLA:CPU copies every dynamic slice of the stacked weights (and of the cache) before a
+  matmul, which doubled the memory traffic of a decode step; unrolled, nothing is copied. It is
+  the default on CPU ("auto"), at the price of compile time that grows with depth.
+
+Shapes: N rows, P prompt bucket, S cache slots, L layers, K kv heads, G query heads per kv head,
+Dh head dim, D embed, V vocab.
+"""
+
+# Dataclass fields and names carry their shapes, which N815 would read as mixedCase.
+# ruff: noqa: N815
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from rlvr_jax.model import transformer
+from rlvr_jax.model.config import ModelConfig
+from rlvr_jax.model.kv_cache import KVCache
+
+Array = jax.Array
+LAYER_LOOPS = ("auto", "scan", "unroll")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeCache:
+    """Keys and values of all layers: (L, N, K, S, Dh) arrays ("scan"), or tuples of L arrays
+    (N, K, S, Dh) ("unroll")."""
+
+    k: Array | tuple[Array, ...]
+    v: Array | tuple[Array, ...]
+
+    @property
+    def unrolled(self) -> bool:
+        return isinstance(self.k, tuple)
+
+
+def resolve_layer_loop(layer_loop: str) -> str:
+    """Maps "auto" to "unroll" on CPU and "scan" elsewhere (see the module docstring)."""
+    if layer_loop not in LAYER_LOOPS:
+        raise ValueError(f"layer_loop={layer_loop!r}; expected one of {LAYER_LOOPS}")
+    if layer_loop == "auto":
+        return "unroll" if jax.default_backend() == "cpu" else "scan"
+    return layer_loop
+
+
+def init_decode_cache(
+    model_cfg: ModelConfig, num_rows: int, num_slots: int, dtype: str, layer_loop: str
+) -> DecodeCache:
+    """A zeroed cache of `num_slots` slots for `num_rows` rows."""
+    L, K, Dh = model_cfg.num_layers, model_cfg.num_kv_heads, model_cfg.head_dim
+    if resolve_layer_loop(layer_loop) == "unroll":
+        zeros = lambda: tuple(jnp.zeros((num_rows, K, num_slots, Dh), dtype) for _ in range(L))
+        return DecodeCache(k=zeros(), v=zeros())
+    shape = (L, num_rows, K, num_slots, Dh)
+    return DecodeCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+
+def prefill(
+    params: transformer.Params,
+    prompt_NP: Array,
+    prompt_mask_NP: Array,
+    cache: DecodeCache,
+    model_cfg: ModelConfig,
+) -> tuple[Array, DecodeCache]:
+    """Runs the prompts, writes their keys/values into slots [0, P) of `cache` (in place).
+
+    Returns:
+      (logits (N, V) f32 of the last prompt position, cache).
+    """
+    N, P = prompt_NP.shape
+    shape = (model_cfg.num_layers, N, P, model_cfg.num_kv_heads, model_cfg.head_dim)
+    dt = (cache.k[0] if cache.unrolled else cache.k).dtype
+    kv = KVCache(
+        k=jnp.zeros(shape, dt),
+        v=jnp.zeros(shape, dt),
+        mask=jnp.zeros((N, P), bool),
+        index=jnp.zeros((), jnp.int32),
+    )
+    positions_NP = transformer.positions_from_mask(prompt_mask_NP)
+    h_NPD, kv = transformer.hidden_states(
+        params, prompt_NP, positions_NP, model_cfg, kv, prompt_mask_NP
+    )
+    # Left padding puts every row's last prompt token in column P - 1; projecting only that
+    # column avoids an (N, P, V) logits array.
+    logits_NV = transformer.logits_from_hidden(params, h_NPD[:, -1:], model_cfg)[:, 0]
+    k_LNKPd = kv.k.transpose(0, 1, 3, 2, 4)
+    v_LNKPd = kv.v.transpose(0, 1, 3, 2, 4)
+    put = jax.lax.dynamic_update_slice
+    if cache.unrolled:
+        return logits_NV, DecodeCache(
+            k=tuple(put(c, k_LNKPd[i], (0, 0, 0, 0)) for i, c in enumerate(cache.k)),
+            v=tuple(put(c, v_LNKPd[i], (0, 0, 0, 0)) for i, c in enumerate(cache.v)),
+        )
+    return logits_NV, DecodeCache(
+        k=put(cache.k, k_LNKPd, (0, 0, 0, 0, 0)), v=put(cache.v, v_LNKPd, (0, 0, 0, 0, 0))
+    )
+
+
+def unstack_layers(params: transformer.Params) -> list[transformer.Layers]:
+    """Per-layer weights for the unrolled loop: one copy per call, none per step."""
+    n = params.layers.attn_norm.shape[0]
+    return [jax.tree.map(lambda a, i=i: a[i], params.layers) for i in range(n)]
+
+
+def attention_windows(prompt_len: int, num_slots: int, chunk: int) -> tuple[int, ...]:
+    """The static windows of the scan loop: the prompt plus multiples of `chunk`, up to S."""
+    if not chunk:
+        return (num_slots,)
+    S = num_slots
+    return tuple(sorted({min(S, prompt_len + j * chunk) for j in range(S + 1)}))
+
+
+# ---------------------------------------------------------------------------------------------
+# The layer, split around attention so both loops share it
+
+
+def _qkv(
+    x_ND: Array, w: transformer.Layers, positions_N: Array, cfg: ModelConfig
+) -> tuple[Array, Array, Array]:
+    """Query (N, K, G, Dh), key and value (N, K, Dh) of one token per row, RoPE applied."""
+    N = x_ND.shape[0]
+    dt = x_ND.dtype
+    h = transformer.rms_norm(x_ND, w.attn_norm, cfg.norm_eps)
+    q = jnp.einsum("nd,dhk->nhk", h, w.q.astype(dt))
+    k = jnp.einsum("nd,dhk->nhk", h, w.k.astype(dt))
+    v = jnp.einsum("nd,dhk->nhk", h, w.v.astype(dt))
+    if w.q_bias is not None:
+        q, k, v = q + w.q_bias.astype(dt), k + w.k_bias.astype(dt), v + w.v_bias.astype(dt)
+    if w.q_norm is not None:
+        q = transformer.rms_norm(q, w.q_norm, cfg.norm_eps)
+        k = transformer.rms_norm(k, w.k_norm, cfg.norm_eps)
+    q = transformer.apply_rope(q[:, None], positions_N[:, None], cfg)[:, 0]
+    k = transformer.apply_rope(k[:, None], positions_N[:, None], cfg)[:, 0]
+    K = cfg.num_kv_heads
+    return q.reshape(N, K, cfg.num_heads // K, cfg.head_dim), k, v
+
+
+def _out_and_mlp(x_ND: Array, attn_NKGd: Array, w: transformer.Layers, cfg: ModelConfig) -> Array:
+    N = x_ND.shape[0]
+    dt = x_ND.dtype
+    attn = attn_NKGd.reshape(N, cfg.num_heads, cfg.head_dim)
+    x_ND = x_ND + jnp.einsum("nhk,hkd->nd", attn, w.o.astype(dt))
+    h = transformer.rms_norm(x_ND, w.mlp_norm, cfg.norm_eps)
+    gate = jnp.einsum("nd,df->nf", h, w.gate.astype(dt))
+    up = jnp.einsum("nd,df->nf", h, w.up.astype(dt))
+    return x_ND + jnp.einsum("nf,fd->nd", jax.nn.silu(gate) * up, w.down.astype(dt))
+
+
+def _scores(q_NKGd: Array, k_NKSd: Array, valid_NS: Array) -> Array:
+    s = jnp.einsum("nkgd,nksd->nkgs", q_NKGd, k_NKSd, preferred_element_type=jnp.float32)
+    s = s * (1.0 / math.sqrt(q_NKGd.shape[-1]))
+    return jnp.where(valid_NS[:, None, None, :], s, transformer._MASK_VALUE)
+
+
+def _valid_slots(prompt_mask_NP: Array, width: int, limit: Array) -> Array:
+    """(N, width): prompt slots where the prompt is real, generated slots below `limit`."""
+    N, P = prompt_mask_NP.shape
+    generated = jnp.broadcast_to(jnp.arange(P, width) < limit, (N, width - P))
+    return jnp.concatenate([prompt_mask_NP, generated], axis=1)
+
+
+def _window_attention(
+    q_NKGd: Array,
+    k_NKd: Array,
+    v_NKd: Array,
+    cache: DecodeCache,
+    layer: Array,
+    prompt_mask_NP: Array,
+    slot: Array,
+    window: int,
+) -> Array:
+    """Scan loop: one query per row against cache slots [0, window) and its own key/value.
+
+    Slots past `slot` hold nothing yet (or a previous batch's values), so they are masked; rows
+    that already stopped attend to tokens nobody reads.
+    """
+    N, K, _, Dh = q_NKGd.shape
+    dt = q_NKGd.dtype
+    size = (1, N, K, window, Dh)
+    ck = jax.lax.dynamic_slice(cache.k, (layer, 0, 0, 0, 0), size)[0].astype(dt)
+    cv = jax.lax.dynamic_slice(cache.v, (layer, 0, 0, 0, 0), size)[0].astype(dt)
+    s_NKGW = _scores(q_NKGd, ck, _valid_slots(prompt_mask_NP, window, slot))
+    s_self = jnp.einsum("nkgd,nkd->nkg", q_NKGd, k_NKd, preferred_element_type=jnp.float32)
+    s_self = s_self * (1.0 / math.sqrt(Dh))
+    probs = jax.nn.softmax(jnp.concatenate([s_NKGW, s_self[..., None]], axis=-1), axis=-1)
+    probs = probs.astype(dt)
+    out = jnp.einsum("nkgw,nkwd->nkgd", probs[..., :window], cv)
+    return out + probs[..., window:] * v_NKd[:, :, None, :]
+
+
+def _scan_layers(
+    x_ND: Array,
+    params: transformer.Params,
+    cache: DecodeCache,
+    positions_N: Array,
+    prompt_mask_NP: Array,
+    slot: Array,
+    cfg: ModelConfig,
+    windows: tuple[int, ...],
+) -> tuple[Array, DecodeCache]:
+    # Smallest window that holds slots [0, slot).
+    branch = jnp.sum(jnp.asarray(windows) < slot)
+    attends = [functools.partial(_window_attention, window=w) for w in windows]
+
+    def layer(x_ND, inputs):
+        w, index = inputs
+        q, k, v = _qkv(x_ND, w, positions_N, cfg)
+        args = (q, k, v, cache, index, prompt_mask_NP, slot)
+        attn = attends[0](*args) if len(attends) == 1 else jax.lax.switch(branch, attends, *args)
+        return _out_and_mlp(x_ND, attn, w, cfg), (k, v)
+
+    layer_ids = jnp.arange(cfg.num_layers)
+    x_ND, (k_LNKd, v_LNKd) = jax.lax.scan(layer, x_ND, (params.layers, layer_ids))
+    # Written after the scan, once: the scan only reads the cache, so the update is in place.
+    at = (0, 0, 0, slot, 0)
+    put = lambda c, new: jax.lax.dynamic_update_slice(c, new[:, :, :, None].astype(c.dtype), at)
+    return x_ND, DecodeCache(k=put(cache.k, k_LNKd), v=put(cache.v, v_LNKd))
+
+
+def _unrolled_layers(
+    x_ND: Array,
+    layers: list[transformer.Layers],
+    cache: DecodeCache,
+    positions_N: Array,
+    prompt_mask_NP: Array,
+    slot: Array,
+    cfg: ModelConfig,
+) -> tuple[Array, DecodeCache]:
+    S = cache.k[0].shape[2]
+    # Write first, then attend to the buffer just written: each buffer's only reader follows its
+    # update, so XLA updates it in place (reading it before the write made XLA copy it).
+    valid_NS = _valid_slots(prompt_mask_NP, S, slot + 1)
+    put = lambda c, new: jax.lax.dynamic_update_slice(c, new[:, :, None].astype(c.dtype), at)
+    at = (0, 0, slot, 0)
+    dt = x_ND.dtype
+    ks, vs = list(cache.k), list(cache.v)
+    for i, w in enumerate(layers):
+        q, k, v = _qkv(x_ND, w, positions_N, cfg)
+        ks[i], vs[i] = put(ks[i], k), put(vs[i], v)
+        probs = jax.nn.softmax(_scores(q, ks[i].astype(dt), valid_NS), axis=-1).astype(dt)
+        attn = jnp.einsum("nkgs,nksd->nkgd", probs, vs[i].astype(dt))
+        x_ND = _out_and_mlp(x_ND, attn, w, cfg)
+    return x_ND, DecodeCache(k=tuple(ks), v=tuple(vs))
+
+
+def decode_step(
+    params: transformer.Params,
+    layers: list[transformer.Layers] | None,
+    cache: DecodeCache,
+    tokens_N: Array,
+    positions_N: Array,
+    prompt_mask_NP: Array,
+    slot: Array,
+    model_cfg: ModelConfig,
+    windows: tuple[int, ...],
+) -> tuple[Array, DecodeCache]:
+    """One token per row through the decoder; its keys/values go to cache slot `slot`.
+
+    Args:
+      params: the weights (embedding, final norm, output projection; the stacked layers too in
+        the scan loop).
+      layers: `unstack_layers(params)` for an unrolled cache, else None.
+      cache: the decode cache, slots [0, P) holding the prompts and [P, slot) the generated tokens.
+      tokens_N: the token fed to each row.
+      positions_N: its RoPE position.
+      prompt_mask_NP: which prompt slots hold real tokens.
+      slot: () int32, the cache slot of this token.
+      model_cfg: the architecture.
+      windows: the scan loop's attention windows (`attention_windows`).
+
+    Returns:
+      (logits (N, V) f32, cache).
+    """
+    x_ND = params.embed[tokens_N].astype(jnp.dtype(model_cfg.dtype))
+    if cache.unrolled:
+        x_ND, cache = _unrolled_layers(
+            x_ND, layers, cache, positions_N, prompt_mask_NP, slot, model_cfg
+        )
+    else:
+        x_ND, cache = _scan_layers(
+            x_ND, params, cache, positions_N, prompt_mask_NP, slot, model_cfg, windows
+        )
+    x_ND = transformer.rms_norm(x_ND, params.final_norm, model_cfg.norm_eps)
+    return transformer.logits_from_hidden(params, x_ND[:, None], model_cfg)[:, 0], cache
