@@ -24,11 +24,20 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp_baseline"]
+Estimator = Literal[
+    "grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp_baseline", "expert_iteration"
+]
 StdScaling = Literal["group", "batch", "none"]
 StdKind = Literal["population", "sample"]
 
-ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp_baseline")
+ESTIMATORS: tuple[str, ...] = (
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce",
+    "reinforce_pp_baseline",
+    "expert_iteration",
+)
 STD_SCALINGS: tuple[str, ...] = ("group", "batch", "none")
 STD_KINDS: tuple[str, ...] = ("population", "sample")
 
@@ -39,6 +48,7 @@ _DEFAULT_STD: dict[str, str] = {
     "rloo": "none",
     "reinforce": "none",
     "reinforce_pp_baseline": "batch",
+    "expert_iteration": "none",
 }
 _ALLOWED_STD: dict[str, tuple[str, ...]] = {
     "grpo": STD_SCALINGS,
@@ -46,6 +56,7 @@ _ALLOWED_STD: dict[str, tuple[str, ...]] = {
     "rloo": STD_SCALINGS,
     "reinforce": STD_SCALINGS,
     "reinforce_pp_baseline": ("batch",),
+    "expert_iteration": ("none",),
 }
 
 
@@ -69,6 +80,13 @@ class AdvantageConfig:
         - "reinforce_pp_baseline": group mean subtracted, then the centred values whitened over
           the whole batch, `(a - mean_batch(a)) / (std_batch(a) + eps)` (REINFORCE++-baseline,
           Hu et al. 2025). Its `std_scaling` is "batch", meaning this whitening.
+        - "expert_iteration": 1 for a verified-correct completion, 0 otherwise: supervised
+          fine-tuning on the model's own verified answers (expert iteration / rejection-sampling
+          fine-tuning, Anthony et al. 2017; RAFT, Dong et al. 2023), the baseline RL is compared
+          with at the same sampling budget. With `policy_loss="reinforce"` on-policy the
+          gradient is the NLL gradient of the kept completions; the train step also leaves the
+          rejected ones out of the loss's token count, so "token_mean" is SFT's token mean.
+          All-correct groups are trained on, unlike the group baselines.
       std_scaling: the divisor after the baseline. None (default) takes the estimator's own:
         "group" for grpo, "batch" for reinforce_pp_baseline, "none" for the rest.
         - "group": the std of the group's rewards (GRPO).
@@ -175,13 +193,19 @@ def compute_advantages(
     r_BG = rewards_BG.astype(jnp.float32)
     zero_var_B = zero_variance_groups(r_BG)
 
-    if est == "reinforce":
+    if correct_BG is None:
+        correct_BG = r_BG > 0
+    correct_BG = correct_BG.astype(bool)
+
+    if est == "expert_iteration":
+        adv_BG = correct_BG.astype(jnp.float32)
+    elif est == "reinforce":
         adv_BG = r_BG - jnp.mean(r_BG)
     elif est == "rloo":
         adv_BG = jax.vmap(_leave_one_out_G)(r_BG)
     else:
         adv_BG = jax.vmap(_mean_baseline_G)(r_BG)
-    if est != "reinforce":
+    if est not in ("reinforce", "expert_iteration"):
         # The mean of G equal floats is not always that float; force the exact zero.
         adv_BG = jnp.where(zero_var_B[:, None], 0.0, adv_BG)
 
@@ -195,10 +219,6 @@ def compute_advantages(
         adv_BG = _scale(adv_BG, _std(r_BG, cfg.std_kind), cfg.eps)
     if est == "reinforce":
         adv_BG = jnp.where(jnp.max(r_BG) == jnp.min(r_BG), 0.0, adv_BG)
-
-    if correct_BG is None:
-        correct_BG = r_BG > 0
-    correct_BG = correct_BG.astype(bool)
     stats = {
         "adv/frac_zero_variance": jnp.mean(zero_var_B.astype(jnp.float32)),
         "adv/frac_all_correct": jnp.mean(jnp.all(correct_BG, axis=1).astype(jnp.float32)),

@@ -183,3 +183,18 @@ def test_config_is_hashable_and_resolves_defaults():
 def test_sample_std_needs_two_values():
     with pytest.raises(ValueError, match="std_kind='sample'"):
         _adv([[1.0], [0.0]], estimator="grpo", std_kind="sample")
+
+
+def test_expert_iteration_keeps_verified_samples_only():
+    rewards = jnp.array([[1.0, 0.5, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    correct = jnp.array([[True, False, False, True], [True, True, True, True]])
+    cfg = AdvantageConfig("expert_iteration")
+    adv, stats = adv_lib.compute_advantages(rewards, cfg, correct)
+    # 1 for every verified completion, all-correct groups included (no group baseline).
+    np.testing.assert_array_equal(np.asarray(adv), [[1, 0, 0, 1], [1, 1, 1, 1]])
+    assert float(stats["adv/frac_all_correct"]) == 0.5
+    # Without a correct mask, a positive reward counts as verified.
+    adv, _ = adv_lib.compute_advantages(rewards, cfg)
+    np.testing.assert_array_equal(np.asarray(adv), [[1, 1, 0, 1], [1, 1, 1, 1]])
+    with pytest.raises(ValueError, match="std_scaling='group'"):
+        AdvantageConfig("expert_iteration", std_scaling="group")
