@@ -215,8 +215,17 @@ class Tokenizer:
         """
         if not Path(path).is_dir():
             raise FileNotFoundError(f"tokenizer directory {str(path)!r} does not exist")
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+        # A generic tokenizer.json (ours from `from_characters`, saved next to a model's
+        # config.json) must load as itself: AutoTokenizer would pick the model type's class
+        # (Qwen2Tokenizer), which adds tokens of its own.
+        config = Path(path) / "tokenizer_config.json"
+        if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in (
+            "TokenizersBackend",
+            "PreTrainedTokenizerFast",
+        ):
+            return cls(PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True))
         return cls(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
 
     @classmethod

@@ -264,3 +264,13 @@ def test_sentencepiece_template_helpers(sp_model):
     with pytest.raises(Exception, match="bad x"):
         tok.apply_chat_template(msgs, x=True)
     assert np.array_equal(tok.encode(""), [])
+
+
+def test_character_tokenizer_reloads_as_itself_next_to_a_model_config(tmp_path):
+    chars = Tokenizer.from_characters("0123456789+=")
+    chars.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')
+    back = Tokenizer.from_hf_dir(tmp_path)
+    assert back.vocab_size == chars.vocab_size == 14
+    assert back.eos_ids == chars.eos_ids and back.pad_id == chars.pad_id
+    assert back.encode("12+3=") == chars.encode("12+3=")
