@@ -364,10 +364,15 @@ class MetricsWriter:
             for name, v in scalars.items():
                 self._tb.add_scalar(name, v, step, walltime=now)
             for name, v in values.items():
-                if isinstance(v, list) and v and all(x is not None for x in v) and sum(v) > 0:
-                    self._tb.add_histogram_raw(
-                        name, **_histogram_args(v), global_step=step, walltime=now
-                    )
+                if not isinstance(v, list) or not v or any(x is None for x in v):
+                    continue
+                if name.endswith("_hist"):  # counts of the values 0, 1, ..., len - 1
+                    if sum(v) > 0:
+                        self._tb.add_histogram_raw(
+                            name, **_histogram_args(v), global_step=step, walltime=now
+                        )
+                else:  # one value per item (per prompt, say): their distribution
+                    self._tb.add_histogram(name, np.asarray(v), step, walltime=now)
         if self._wandb_run is not None:
             self._wandb_run.log(scalars, step=step)
         last = self.total_steps is not None and step >= self.total_steps

@@ -105,7 +105,7 @@ def test_nonfinite_values_are_null_and_counted(tmp_path):
 def test_tensorboard_scalars_and_histogram(tmp_path):
     with metrics_lib.MetricsWriter(tmp_path, stream=io.StringIO()) as w:
         for i in range(1, 3):
-            w.write(i, _step_metrics(i))
+            w.write(i, {**_step_metrics(i), "groups/grad_norm": [0.5, 2.0, 4.0]})
     values = {}
     for e in _events(tmp_path / "tensorboard"):
         for v in e.summary.value:
@@ -116,6 +116,10 @@ def test_tensorboard_scalars_and_histogram(tmp_path):
     assert list(hist.bucket) == [3.0, 0.0, 1.0, 4.0]
     assert hist.num == 8 and hist.min == 0 and hist.max == 3
     assert hist.sum == 0 * 3 + 2 * 1 + 3 * 4
+    # A list of per-item values (not counts) is a histogram of those values.
+    per_prompt = values[("groups/grad_norm", 2)].histo
+    assert per_prompt.num == 3 and per_prompt.min == 0.5 and per_prompt.max == 4.0
+    assert per_prompt.sum == pytest.approx(0.5 + 2.0 + 4.0)
     # A resumed writer marks the restart so TensorBoard hides the abandoned steps after it.
     metrics_lib.MetricsWriter(tmp_path, resume_step=1, stream=io.StringIO()).close()
     starts = [e.step for e in _events(tmp_path / "tensorboard") if e.HasField("session_log")]
