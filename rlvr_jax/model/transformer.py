@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlvr_jax import sharding
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.kv_cache import KVCache
 
@@ -83,10 +84,10 @@ def logical_axes(cfg: ModelConfig) -> Params:
         k_norm=opt(cfg.qk_norm, ("layers", "head_dim")),
     )
     return Params(
-        embed=("vocab", "embed"),
+        embed=("vocab", None),  # vocabulary-split, D whole: see sharding.py
         layers=layers,
         final_norm=("embed",),
-        lm_head=opt(not cfg.tie_embeddings, ("embed", "vocab")),
+        lm_head=opt(not cfg.tie_embeddings, (None, "vocab")),
     )
 
 
@@ -270,7 +271,8 @@ def hidden_states(
 
     def body(x, xs):
         w, kv = xs
-        return _layer(x, w, positions_BT, mask_BTS, kv, write_index, cfg)
+        x, kv = _layer(sharding.constrain_rows(x), w, positions_BT, mask_BTS, kv, write_index, cfg)
+        return sharding.constrain_rows(x), kv
 
     if cfg.remat:
         body = jax.checkpoint(body, prevent_cse=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rlvr_jax import sharding
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params, hidden_states, logits_from_hidden
 
@@ -23,7 +24,7 @@ def _chunk_logprobs(
     params: Params, h_NCD: Array, targets_NC: Array, cfg: ModelConfig, temperature: Array
 ) -> tuple[Array, Array]:
     """Log-prob of each target and the entropy (both (N, C) f32) for one chunk of C steps."""
-    logits_NCV = logits_from_hidden(params, h_NCD, cfg) / temperature
+    logits_NCV = sharding.constrain_vocab(logits_from_hidden(params, h_NCD, cfg)) / temperature
     lse_NC = jax.nn.logsumexp(logits_NCV, axis=-1)
     target_logit_NC = jnp.take_along_axis(logits_NCV, targets_NC[..., None], axis=-1)[..., 0]
     logp_NCV = logits_NCV - lse_NC[..., None]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +39,10 @@ class OptimConfig:
       weight_decay: decoupled weight decay (AdamW).
       b1, b2, eps: Adam moments.
       max_grad_norm: clip the gradient's global norm to this; 0 disables.
+      master_weights: keep an f32 copy of the parameters in the optimizer state and apply the
+        updates to it; the parameters are its rounding to their own dtype. For bf16 parameters
+        (4 more bytes per parameter): an update below bf16's resolution (|update| < 2^-8 |p|,
+        e.g. lr 1e-6) is otherwise rounded away. Adam's moments are f32 either way.
     """
 
     learning_rate: float = 1e-6
@@ -51,6 +55,7 @@ class OptimConfig:
     b2: float = 0.999
     eps: float = 1e-8
     max_grad_norm: float = 1.0
+    master_weights: bool = False
 
     def __post_init__(self):
         if not self.learning_rate > 0:
@@ -84,8 +89,59 @@ def learning_rate_schedule(cfg: OptimConfig) -> optax.Schedule:
     return optax.join_schedules([warmup, after], [cfg.warmup_steps])
 
 
+def _f32(tree: Any) -> Any:
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
+
+
+def f32_moments(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`inner` on f32 gradients and parameters, so that every moment it keeps is f32 whatever
+    the parameter dtype (optax's Adam keeps `nu` in the parameters' dtype). The updates stay f32;
+    `optax.apply_updates` adds them in f32 and rounds the sum once to the parameter dtype."""
+
+    def init(params):
+        return inner.init(_f32(params))
+
+    def update(updates, state, params=None):
+        return inner.update(_f32(updates), state, None if params is None else _f32(params))
+
+    return optax.GradientTransformation(init, update)
+
+
+class MasterWeightsState(NamedTuple):
+    master: Any  # the parameters in f32
+    inner: optax.OptState
+
+
+def f32_master_weights(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`inner` applied to an f32 copy of the parameters kept in the optimizer state.
+
+    The returned updates are `round(master) - params` in f32, so that `optax.apply_updates`
+    leaves the parameters equal to the master copy rounded to their dtype.
+    """
+
+    def init(params):
+        # A copy even for f32 parameters: the state is donated, two leaves may not share a buffer.
+        master = jax.tree.map(lambda p: jnp.array(p, jnp.float32, copy=True), params)
+        return MasterWeightsState(master, inner.init(master))
+
+    def update(grads, state, params=None):
+        if params is None:
+            raise ValueError("f32_master_weights needs the parameters in update()")
+        updates, inner_state = inner.update(_f32(grads), state.inner, state.master)
+        master = optax.apply_updates(state.master, updates)
+        delta = jax.tree.map(
+            lambda m, p: m.astype(p.dtype).astype(jnp.float32) - p.astype(jnp.float32),
+            master,
+            params,
+        )
+        return delta, MasterWeightsState(master, inner_state)
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
-    """Global-norm clipping, then AdamW on the schedule. Moments are kept in f32."""
+    """Global-norm clipping, then AdamW on the schedule; gradients, moments (and master weights
+    with `cfg.master_weights`) in f32 whatever the parameter dtype."""
     parts = []
     if cfg.max_grad_norm:
         parts.append(optax.clip_by_global_norm(cfg.max_grad_norm))
@@ -99,7 +155,8 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
             mu_dtype=jnp.float32,
         )
     )
-    return optax.chain(*parts)
+    inner = optax.chain(*parts)
+    return f32_master_weights(inner) if cfg.master_weights else f32_moments(inner)
 
 
 def init_train_state(

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlvr_jax import sampling
+from rlvr_jax import sampling, sharding
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import positions_from_mask
 from rlvr_jax.rl import advantages as adv_lib
@@ -49,6 +49,11 @@ class RLConfig:
         this many steps exist at once).
       mask_truncated: leave rows that hit `max_new_tokens` out of the loss (DAPO's overlong
         filtering); they still count in the group baselines.
+      group_grad_norms: also log each prompt's share of the gradient: the global norm of the
+        gradient of its G rows' terms of the full-batch loss (the batch's normaliser) at the
+        pre-update parameters, as "groups/grad_norm" (B,), with its success rate
+        "groups/success_rate" (B,). One extra backward pass per group (a diagnostic; the std
+        scaling's re-weighting of prompts shows in it).
       advantage: the advantage estimator.
       loss: the policy objective.
       sampler: static sampler settings (max_new_tokens, eos ids, stops, top_k, think budget).
@@ -66,6 +71,7 @@ class RLConfig:
     min_p: float = 0.0
     logprob_chunk: int = 256
     mask_truncated: bool = False
+    group_grad_norms: bool = False
 
     def __post_init__(self):
         for name in ("group_size", "mu", "num_minibatches", "num_microbatches", "logprob_chunk"):
@@ -78,6 +84,12 @@ class RLConfig:
             )
         if not self.temperature > 0:
             raise ValueError(f"rl.temperature={self.temperature} must be positive")
+        if self.advantage.estimator == "expert_iteration" and self.loss.policy_loss != "reinforce":
+            raise ValueError(
+                f"rl.loss.policy_loss={self.loss.policy_loss!r} with rl.advantage.estimator="
+                "'expert_iteration': expert iteration is SFT on verified samples, set "
+                "rl.loss.policy_loss='reinforce'"
+            )
 
     @property
     def on_policy(self) -> bool:
@@ -231,6 +243,10 @@ def _update(
         )
     correct = parts["correct"].reshape(-1, G) > 0 if "correct" in parts else None
     adv_BG, adv_stats = adv_lib.compute_advantages(rewards_N.reshape(-1, G), rl.advantage, correct)
+    if rl.advantage.estimator == "expert_iteration":
+        # Rejected samples leave the loss, and its token count, entirely.
+        loss_mask = loss_mask & (adv_BG.reshape(-1) > 0)[:, None]
+        rows = dataclasses.replace(rows, loss_mask_NT=loss_mask)
     old_logp = None
     if not rl.on_policy:
         old_logp = jax.lax.stop_gradient(_logprobs(state.params, rows, P, model_cfg, rl)[0])
@@ -299,21 +315,43 @@ def _update(
     # Per-row success, for the curriculum and the group histogram; the loop pops "rows/" keys.
     out["rows/correct"] = parts["correct"] if "correct" in parts else (rewards_N > 0).astype(float)
     out["loss/tokens"] = jnp.sum(loss_mask.astype(jnp.float32))
+    if rl.group_grad_norms:
+        # Rows b*G..(b+1)*G are prompt b's; with the whole batch's normaliser, the gradients of
+        # the groups sum to the full-batch gradient. lax.map keeps one gradient live at a time.
+        z = losses.loss_normalizer(rows.loss_mask_NT, rl.loss.aggregation, T)
+        by_group = jax.tree.map(lambda x: x.reshape(N // G, G, *x.shape[1:]), rows)
+        out["groups/grad_norm"] = jax.lax.map(
+            lambda one: optax.global_norm(grad_fn(state.params, one, z)[0]), by_group
+        )
+        out["groups/success_rate"] = jnp.mean(out["rows/correct"].reshape(-1, G), axis=1)
     new_state = TrainState(
         step=step, params=params, opt_state=opt_state, ref_params=state.ref_params, rng=rng
     )
     return new_state, out
 
 
-def _rollout(params, batch: Batch, rng: Array, *, model_cfg: ModelConfig, rl: RLConfig):
-    sp = _sampling_params(rl, batch.prompt_NP.shape[0])
+def _rollout(
+    params,
+    batch: Batch,
+    rng: Array,
+    *,
+    model_cfg: ModelConfig,
+    rl: RLConfig,
+    mesh: jax.sharding.Mesh | None = None,
+):
+    N, P = batch.prompt_NP.shape
+    sp = _sampling_params(rl, N)
+    cache = None
+    if mesh is not None:  # the cache's own layout (see sharding.py), not left to propagation
+        cache = sampling.init_decode_cache(model_cfg, rl.sampler, N, P)
+        cache = sharding.shard_decode_cache(cache, model_cfg, mesh)
     rollout, _ = sampling.generate(
         params,
         batch.prompt_NP,
         batch.prompt_lengths_N,
         rng,
         sp,
-        None,
+        cache,
         model_cfg=model_cfg,
         cfg=rl.sampler,
     )
@@ -335,9 +373,10 @@ def _fused_step(
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
     reward_fn: RewardFn,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[TrainState, dict[str, Array]]:
     state, sample_rng = split_rollout_key(state)
-    rollout = _rollout(state.params, batch, sample_rng, model_cfg=model_cfg, rl=rl)
+    rollout = _rollout(state.params, batch, sample_rng, model_cfg=model_cfg, rl=rl, mesh=mesh)
     rewards_N, parts = reward_fn(rollout, batch.targets)
     return _update(
         state,
@@ -357,33 +396,62 @@ def build_train_step(
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
     reward_fn: RewardFn,
+    shardings: sharding.StepShardings | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, Array]]]:
     """The whole step as one jitted program (the state is donated): `(state, batch) ->
-    (state, metrics)`. `reward_fn(rollout, batch.targets)` must be jittable."""
+    (state, metrics)`. `reward_fn(rollout, batch.targets)` must be jittable.
+
+    With `shardings` (`sharding.plan_step`) the state keeps its planned layout from step to step,
+    the batch's rows are split over the mesh, the decode cache gets its own layout and the
+    metrics come back replicated; the state and batch must already be placed on the plan
+    (`sharding.place`).
+    """
+    mesh = None if shardings is None else shardings.mesh
 
     def step(state: TrainState, batch: Batch):
-        return _fused_step(
-            state,
-            batch,
-            model_cfg=model_cfg,
-            rl=rl,
-            optimizer=optimizer,
-            schedule=schedule,
-            reward_fn=reward_fn,
-        )
+        with sharding.activation_mesh(mesh):
+            return _fused_step(
+                state,
+                batch,
+                model_cfg=model_cfg,
+                rl=rl,
+                optimizer=optimizer,
+                schedule=schedule,
+                reward_fn=reward_fn,
+                mesh=mesh,
+            )
 
-    return jax.jit(step, donate_argnums=0)
+    if shardings is None:
+        return jax.jit(step, donate_argnums=0)
+    return jax.jit(
+        step,
+        in_shardings=(shardings.state, shardings.rows),
+        out_shardings=(shardings.state, shardings.replicated),
+        donate_argnums=0,
+    )
 
 
 def build_rollout(
-    model_cfg: ModelConfig, rl: RLConfig
+    model_cfg: ModelConfig, rl: RLConfig, shardings: sharding.StepShardings | None = None
 ) -> Callable[[Any, Batch, Array], sampling.Rollout]:
-    """Jitted `(params, batch, rng) -> Rollout` for the host-verifier path."""
+    """Jitted `(params, batch, rng) -> Rollout` for the host-verifier path.
+
+    With `shardings`, the sampler runs with the batch's rows split over the mesh and returns the
+    rollout replicated, so that every process can read all of it for the host verifier (the
+    tokens are small next to the weights) and pass it back to `build_update`'s program.
+    """
+    mesh = None if shardings is None else shardings.mesh
 
     def rollout(params, batch: Batch, rng: Array):
-        return _rollout(params, batch, rng, model_cfg=model_cfg, rl=rl)
+        with sharding.activation_mesh(mesh):
+            return _rollout(params, batch, rng, model_cfg=model_cfg, rl=rl, mesh=mesh)
 
-    return jax.jit(rollout)
+    if shardings is None:
+        return jax.jit(rollout)
+    rep = shardings.replicated
+    return jax.jit(
+        rollout, in_shardings=(shardings.state.params, shardings.rows, rep), out_shardings=rep
+    )
 
 
 def build_update(
@@ -391,10 +459,25 @@ def build_update(
     rl: RLConfig,
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
+    shardings: sharding.StepShardings | None = None,
 ) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
-    """Jitted `(state, rollout, rewards_N, parts) -> (state, metrics)`; the state is donated."""
+    """Jitted `(state, rollout, rewards_N, parts) -> (state, metrics)`; the state is donated.
+
+    With `shardings`, the rollout (as `build_rollout` returns it), the host rewards and parts come
+    in replicated (host numpy arrays are accepted on every process) and are split by rows inside
+    the program; the state keeps its planned layout.
+    """
 
     def update(state: TrainState, rollout: sampling.Rollout, rewards_N: Array, parts: dict):
+        if shardings is None:
+            return _update_on(state, rollout, rewards_N, parts)
+        rollout, rewards_N, parts = jax.lax.with_sharding_constraint(
+            (rollout, rewards_N, parts), shardings.rows
+        )
+        with sharding.activation_mesh(shardings.mesh):
+            return _update_on(state, rollout, rewards_N, parts)
+
+    def _update_on(state, rollout, rewards_N, parts):
         return _update(
             state,
             rollout,
@@ -406,4 +489,12 @@ def build_update(
             schedule=schedule,
         )
 
-    return jax.jit(update, donate_argnums=0)
+    if shardings is None:
+        return jax.jit(update, donate_argnums=0)
+    rep = shardings.replicated
+    return jax.jit(
+        update,
+        in_shardings=(shardings.state, rep, rep, rep),
+        out_shardings=(shardings.state, rep),
+        donate_argnums=0,
+    )

@@ -183,3 +183,38 @@ def test_train_state_is_a_pytree(task):
     leaves = jax.tree.leaves(state)
     assert len(leaves) > 10
     assert dataclasses.is_dataclass(state)
+
+
+def test_expert_iteration_is_sft_on_the_verified_samples(task):
+    """One expert-iteration update equals an optimizer step on the token-mean NLL of the
+    verified completions alone (the rejected ones leave the loss and its token count)."""
+    from rlvr_jax.rl.logprobs import next_token_logprobs
+
+    cfg, _, batch, _ = task
+    loss = losses.LossConfig(policy_loss="reinforce", aggregation="token_mean")
+    adv = advantages.AdvantageConfig("expert_iteration")
+    rl, _, sched, _, state = _build(task, loss=loss, advantage=adv)
+    sgd = optax.sgd(0.5)
+    state = dataclasses.replace(state, opt_state=sgd.init(state.params))
+    params0 = jax.tree.map(jnp.copy, state.params)
+    state, key = ts.split_rollout_key(state)
+    rollout = ts.build_rollout(cfg, rl)(state.params, batch(0), key)
+    keep_N = np.arange(B * G) % 3 == 0  # "verified" rows, set by hand
+    parts = {"correct": jnp.asarray(keep_N, jnp.float32)}
+    new, metrics = ts.build_update(cfg, rl, sgd, sched)(state, rollout, parts["correct"], parts)
+
+    seq, seq_mask, positions = ts._sequences(rollout)
+    P = rollout.prompt_NP.shape[1]
+    kept_NT = rollout.mask_NT & keep_N[:, None]
+
+    def nll(p):
+        logp, _ = next_token_logprobs(p, seq, positions, cfg, seq_mask, first_target=P)
+        return -jnp.sum(jnp.where(kept_NT, logp, 0.0)) / jnp.sum(kept_NT)
+
+    grads = jax.grad(nll)(params0)
+    expected = optax.apply_updates(params0, sgd.update(grads, sgd.init(params0))[0])
+    assert float(metrics["loss/tokens"]) == float(jnp.sum(kept_NT)) > 0
+    for x, y in zip(jax.tree.leaves(new.params), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+    with pytest.raises(ValueError, match="policy_loss='ppo_clip'"):
+        ts.RLConfig(group_size=G, sampler=task[3], advantage=adv)

@@ -1,0 +1,260 @@
+"""Per-device memory of the RL update and rollout for real model sizes on a simulated TPU v5e-8.
+
+Command (CPU, nothing is allocated: the programs are compiled on ShapeDtypeStructs):
+  python benchmarks/memory.py
+  python benchmarks/memory.py --models=qwen2.5-7b --rows=8 --length=1024 --mesh=1,8,1
+  python benchmarks/memory.py --no_table --microbatches=8 --search=64x1024,128x1024
+
+Eight fake CPU devices stand in for the eight 16 GiB chips of a v5e-8; the programs are the ones
+`train_step.build_update` and `build_rollout` jit, with the shardings of `sharding.plan_step`, and
+`compiled.memory_analysis()` gives each device's arguments (parameters, optimizer state, rollout),
+outputs, temporaries and their total (outputs aliased to donated arguments counted once).
+The search for the largest rows x generated length that fits compiles the update only (with
+remat): at the table's size the rollout needs a fraction of the update's memory.
+
+Setup: bf16 parameters and activations, f32 Adam moments (`OptimConfig`), no KL reference, FSDP
+over the 8 devices, prompts of `--prompt` tokens, G = 8, one minibatch and `--microbatches`
+gradient-accumulation chunks (default 1: the whole batch's activations at once).
+
+Caveats: this is XLA:CPU's buffer assignment, not the TPU compiler's. XLA:CPU computes bf16 dots
+in f32, so its temporaries are an upper bound of a TPU's; its fusion and rematerialisation
+choices differ too. Use the figures to compare settings and to size a run, then confirm on the
+TPU with the same script (`--platform=tpu` runs it on the real chips).
+
+One CPU artefact is switched off by default: to run bf16 dots in f32, XLA:CPU converts each
+layer's weights to f32 inside the layer scan, and its while-loop invariant code motion then
+hoists that convert out of the loop, converting the whole (L, ...) stack at once and keeping it
+alive through the forward pass. For Qwen2.5-7B that is three f32 (28, 448, 18944) MLP stacks,
+2.7 GiB per device that a TPU (bf16 dots, nothing to convert) never allocates; the benchmark
+compiles with `--xla_disable_hlo_passes=while-loop-invariant-code-motion` on CPU, and
+`--cpu_hoisting` keeps the pass (measured: Qwen2.5-7B update, 8 x 1024, 16.25 GiB with it,
+14.19 GiB without).
+
+What remains at small sizes is the optimizer update, where the peak then sits (Qwen2.5-7B,
+8 x 1024): XLA:CPU does not fuse AdamW's elementwise chain, so the (28, 448, 18944) MLP stacks
+get f32 intermediates (clipped gradients, updates) of 0.9 GiB each, four of them (3.5 GiB) live
+at the peak next to the bf16 gradients; a compiler that fuses each leaf's update into one pass
+would not allocate them (not confirmed on a TPU here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rlvr_jax import sampling, sharding  # noqa: E402
+from rlvr_jax.model.config import PRESETS  # noqa: E402
+from rlvr_jax.model.transformer import count_params, param_shapes  # noqa: E402
+from rlvr_jax.rl import state as state_lib  # noqa: E402
+from rlvr_jax.rl import train_step as ts  # noqa: E402
+
+GiB = 1 << 30
+HBM = 16 * GiB  # one TPU v5e chip
+G = 8
+
+
+def _abstract(tree, shardings):
+    """ShapeDtypeStructs carrying `shardings` (a pytree prefix of `tree`)."""
+    if isinstance(shardings, jax.sharding.Sharding):
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings), tree
+        )
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+    )
+
+
+def _rollout_shapes(N: int, P: int, T: int) -> sampling.Rollout:
+    s = jax.ShapeDtypeStruct
+    return sampling.Rollout(
+        prompt_NP=s((N, P), jnp.int32),
+        prompt_lengths_N=s((N,), jnp.int32),
+        tokens_NT=s((N, T), jnp.int32),
+        logp_NT=s((N, T), jnp.float32),
+        mask_NT=s((N, T), bool),
+        injected_NT=s((N, T), bool),
+        lengths_N=s((N,), jnp.int32),
+        finish_N=s((N,), jnp.int32),
+    )
+
+
+@dataclasses.dataclass
+class Memory:
+    arguments: int
+    outputs: int
+    temps: int
+    total: int
+    compile_s: float
+
+
+def _memory(compiled, seconds: float) -> Memory:
+    m = compiled.memory_analysis()
+    args, outs, temps = m.argument_size_in_bytes, m.output_size_in_bytes, m.temp_size_in_bytes
+    total = args + outs - m.alias_size_in_bytes + temps
+    return Memory(args, outs, temps, total, seconds)
+
+
+def measure(
+    name: str,
+    mesh,
+    *,
+    remat: bool,
+    rows: int,
+    prompt: int,
+    length: int,
+    what: str,
+    logprob_chunk: int = 512,
+    microbatches: int = 1,
+):
+    """Compiles the update or the rollout of `rows` rows and returns its per-device Memory."""
+    cfg = PRESETS[name].replace(dtype="bfloat16", param_dtype="bfloat16", remat=remat)
+    sampler = sampling.SamplerConfig(max_new_tokens=length, eos_ids=(0,), layer_loop="scan")
+    rl = ts.RLConfig(
+        group_size=G,
+        sampler=sampler,
+        logprob_chunk=logprob_chunk,
+        num_microbatches=microbatches,
+    )
+    ocfg = state_lib.OptimConfig()
+    optimizer = state_lib.make_optimizer(ocfg)
+    params = param_shapes(cfg)
+    state = jax.eval_shape(
+        lambda p: state_lib.init_train_state(p, optimizer, jax.random.key(0), False), params
+    )
+    plan = sharding.plan_step(state, cfg, mesh, rows)
+    t0 = time.time()
+    if what == "update":
+        fn = ts.build_update(cfg, rl, optimizer, state_lib.learning_rate_schedule(ocfg), plan)
+        rollout = _rollout_shapes(rows, prompt, length)
+        rep = plan.replicated
+        lowered = fn.lower(
+            _abstract(state, plan.state),
+            _abstract(rollout, rep),
+            jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=rep),
+            {"correct": jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=rep)},
+        )
+    else:
+        fn = ts.build_rollout(cfg, rl, plan)
+        batch = ts.Batch(
+            jax.ShapeDtypeStruct((rows, prompt), jnp.int32),
+            jax.ShapeDtypeStruct((rows,), jnp.int32),
+        )
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        lowered = fn.lower(
+            _abstract(state.params, plan.state.params),
+            _abstract(batch, plan.rows),
+            jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=plan.replicated),
+        )
+    compiled = lowered.compile()
+    return _memory(compiled, time.time() - t0), count_params(params)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="qwen2.5-0.5b,qwen2.5-7b,qwen3-8b")
+    ap.add_argument("--mesh", default="1,8,1", help="data,fsdp,tensor")
+    ap.add_argument("--rows", type=int, default=64, help="N = prompts x G for the table")
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--length", type=int, default=1024, help="generated tokens for the table")
+    ap.add_argument(
+        "--search",
+        default="8x256,16x1024,32x1024,32x2048,64x2048,128x2048",
+        help="rows x length candidates, smallest first: the last whose update fits is reported",
+    )
+    ap.add_argument("--no_table", action="store_true", help="only the search")
+    ap.add_argument("--logprob_chunk", type=int, default=512)
+    ap.add_argument("--microbatches", type=int, default=1, help="rl.num_microbatches")
+    ap.add_argument(
+        "--cpu_hoisting",
+        action="store_true",
+        help="keep XLA:CPU's while-loop invariant code motion (see the module docstring)",
+    )
+    ap.add_argument("--platform", default="cpu")
+    args = ap.parse_args()
+    if args.platform == "cpu" and not args.cpu_hoisting:
+        flag = "--xla_disable_hlo_passes=while-loop-invariant-code-motion"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+    sizes = dict(logprob_chunk=args.logprob_chunk, microbatches=args.microbatches)
+    jax.config.update("jax_platforms", args.platform)
+    if args.platform == "cpu":
+        jax.config.update("jax_num_cpu_devices", 8)
+    mesh = sharding.make_mesh(sharding.MeshConfig(*(int(x) for x in args.mesh.split(","))))
+    print(
+        f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} devices; "
+        f"bf16 params/activations, f32 Adam moments, no reference model, G={G}, "
+        f"prompt {args.prompt} tokens, log-prob chunk {args.logprob_chunk}, "
+        f"{args.microbatches} microbatch(es); per-device GiB from compiled.memory_analysis()"
+        f"{'' if args.cpu_hoisting or args.platform != 'cpu' else ' (CPU loop hoisting off)'}\n",
+        flush=True,
+    )
+    header = (
+        "| model | params | program | remat | rows x length | arguments | outputs | temps "
+        "| total | fits 16 GiB | compile s |"
+    )
+    print(header)
+    print("|---" * (header.count("|") - 1) + "|")
+    gib = lambda b: f"{b / GiB:.2f}"  # noqa: E731
+    best, tried = {}, []
+    for name in args.models.split(","):
+        rows = []
+        table = () if args.no_table else (("update", False), ("update", True), ("rollout", False))
+        for what, remat in table:
+            m, n = measure(
+                name,
+                mesh,
+                remat=remat,
+                rows=args.rows,
+                prompt=args.prompt,
+                length=args.length,
+                what=what,
+                **sizes,
+            )
+            rows.append(m)
+            print(
+                f"| {name} | {n / 1e9:.2f}B | {what} | {'yes' if remat else 'no'} | "
+                f"{args.rows} x {args.length} | {gib(m.arguments)} | {gib(m.outputs)} | "
+                f"{gib(m.temps)} | {gib(m.total)} | {'yes' if m.total <= HBM else 'no'} | "
+                f"{m.compile_s:.0f} |",
+                flush=True,
+            )
+        best[name] = None
+        for cand in filter(None, args.search.split(",")):
+            r, t = (int(x) for x in cand.split("x"))
+            m, _ = measure(
+                name,
+                mesh,
+                remat=True,
+                rows=r,
+                prompt=args.prompt,
+                length=t,
+                what="update",
+                **sizes,
+            )
+            tried.append((name, r, t, m.total))
+            if m.total > HBM:
+                break
+            best[name] = (r, t, m.total)
+    print(
+        f"\nUpdate (with remat, {args.microbatches} microbatch(es)) per device, trying "
+        f"{args.search} in turn up to the first that does not fit 16 GiB:\n"
+    )
+    print("| model | rows x length | update total GiB | fits 16 GiB |")
+    print("|---|---|---|---|")
+    for name, r, t, total in tried:
+        print(f"| {name} | {r} x {t} | {gib(total)} | {'yes' if total <= HBM else 'no'} |")
+    print(
+        "\nLargest that fits:",
+        {n: None if b is None else f"{b[0]} x {b[1]}" for n, b in best.items()},
+    )
+
+
+if __name__ == "__main__":
+    main()
