@@ -1,7 +1,9 @@
 """Entry point: `python -m rlvr_jax.main --config=configs/X.py[:arg] [--config.a.b=v] --workdir=W`.
 
 The only place with flags and `jax.config`: it turns the config file into typed settings (every
-unknown or inconsistent field fails here, before anything compiles), then runs `train.run`.
+unknown or inconsistent field fails here, before anything compiles), then runs the stage the
+config names: `train.run` for RL (`train.stage="rl"`, the default) or `sft.run` for supervised
+fine-tuning on demonstrations (`train.stage="sft"`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,12 @@ def main(argv: list[str]) -> None:
     settings = train.settings_from_config(config)
     name = Path(flags.FLAGS["config"].config_filename.split(":")[0]).stem
     workdir = _WORKDIR.value or os.path.join("runs", name)
-    train.run(settings, workdir)
+    if settings.train.stage == "sft":
+        from rlvr_jax import sft
+
+        sft.run(settings, workdir)
+    else:
+        train.run(settings, workdir)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ verifier is in JAX) -> metrics (one device_get) -> curriculum update -> checkpoi
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import typing
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ import numpy as np
 
 from rlvr_jax import checkpoint as ckpt_lib
 from rlvr_jax import metrics as metrics_lib
-from rlvr_jax import sampling
+from rlvr_jax import sampling, sharding
 from rlvr_jax.config_types import ConfigError, from_config
 from rlvr_jax.data import curriculum as curriculum_lib
 from rlvr_jax.data import datasets, templates
@@ -73,6 +74,12 @@ class DataSettings:
     template: a `templates` name or "text:<format>".
     buckets: allowed prompt lengths (tokens).
     sampler: "epoch" (shuffled epochs) or "curriculum" (weights 1 - success rate).
+    dynamic_sampling: DAPO's dynamic sampling (Yu et al. 2025): groups whose rewards are all
+      equal carry no group-relative signal, so they are dropped and more prompts are drawn,
+      rolled out and verified (a whole batch per round, shapes stay static) until the batch is
+      full of groups with reward variance, or `dynamic_max_rounds` rounds have run; the batch is
+      then topped up with dropped groups. Every attempted group updates the prompt sampler.
+    dynamic_max_rounds: the most rollout rounds per step (the first included).
     seed: data order and generation seed.
     """
 
@@ -86,9 +93,15 @@ class DataSettings:
     template: str = "plain"
     buckets: tuple[int, ...] = (64,)
     sampler: Literal["epoch", "curriculum"] = "epoch"
+    dynamic_sampling: bool = False
+    dynamic_max_rounds: int = 3
     exclude_multiple_choice: bool = False
     exclude_true_false: bool = False
     seed: int = 0
+
+    def __post_init__(self):
+        if self.dynamic_max_rounds < 1:
+            raise ValueError(f"data.dynamic_max_rounds={self.dynamic_max_rounds} must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,8 +146,11 @@ class TrainSettings:
     log_every, eval_every, checkpoint_every: intervals in steps (0 disables periodic ones;
       evaluation also runs before the first and after the last step, a checkpoint at the end).
     keep_checkpoints: how many to keep.
+    stage: "rl" (this module's `run`) or "sft" (supervised fine-tuning on demonstrations,
+      `sft.run`); `main` dispatches on it. Both stages count `steps` in optimizer updates.
     """
 
+    stage: Literal["rl", "sft"] = "rl"
     steps: int = 100
     batch_prompts: int = 8
     seed: int = 0
@@ -159,6 +175,47 @@ class EvalSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class SFTSettings:
+    """Supervised fine-tuning (`train.stage="sft"`, see `rlvr_jax.sft`).
+
+    Attributes:
+      path: demonstrations JSONL, one {"prompt", "response"} (or "question"/"solution", ...)
+        object a line; empty builds them from the training examples of `data`, the response
+        being `response_format` with the gold answer.
+      prompt_field, response_field: field names to read instead of the known pairs.
+      response_format: the response of a demonstration built from `data`; "{answer}" is
+        replaced by the gold answer.
+      batch_size: sequences per optimizer update.
+      epochs: passes over the demonstrations; 0 runs `train.steps` updates instead.
+      buckets: padded sequence lengths (prompt + response + end token); longer demonstrations
+        are counted and skipped.
+      eval: greedy held-out accuracy of `data` with `reward.verifier`, before and after.
+      export: write the policy as a Hugging Face directory `<workdir>/hf` at the end; the RL
+        stage starts from it with `model.source=<workdir>/hf`.
+    """
+
+    path: str = ""
+    prompt_field: str = ""
+    response_field: str = ""
+    response_format: str = "{answer}"
+    batch_size: int = 16
+    epochs: int = 0
+    buckets: tuple[int, ...] = (256,)
+    eval: bool = True
+    export: bool = True
+
+    def __post_init__(self):
+        if self.batch_size < 1 or self.epochs < 0:
+            raise ValueError(
+                f"batch_size={self.batch_size} must be >= 1, epochs={self.epochs} >= 0"
+            )
+        if not self.buckets or min(self.buckets) < 2:
+            raise ValueError(f"buckets={self.buckets} must be lengths of at least 2 tokens")
+        if bool(self.prompt_field) != bool(self.response_field):
+            raise ValueError("prompt_field and response_field are set together or not at all")
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
     model: ModelSettings
     data: DataSettings
@@ -168,6 +225,8 @@ class Settings:
     train: TrainSettings
     eval: EvalSettings
     curriculum: curriculum_lib.CurriculumConfig
+    sft: SFTSettings = SFTSettings()
+    mesh: sharding.MeshConfig = sharding.MeshConfig()
 
 
 _SECTIONS = {
@@ -179,6 +238,8 @@ _SECTIONS = {
     "train": TrainSettings,
     "eval": EvalSettings,
     "curriculum": curriculum_lib.CurriculumConfig,
+    "sft": SFTSettings,
+    "mesh": sharding.MeshConfig,
 }
 # Values for fields without a default, so that every field exists and can be overridden.
 _REQUIRED = {"group_size": 8, "max_new_tokens": 256}
@@ -239,6 +300,40 @@ def settings_from_config(config: Any) -> Settings:
         raise ConfigError(f"data.buckets={s.data.buckets} too long")
     s.rl.check_rows(s.train.batch_prompts * s.rl.group_size)
     return s
+
+
+SETTINGS_FILE = "settings.json"
+
+
+def _plain_settings(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {
+            f.name: _plain_settings(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init
+        }
+    if isinstance(obj, tuple | list):
+        return [_plain_settings(x) for x in obj]
+    return obj
+
+
+def save_settings(settings: Settings, workdir: str | Path) -> Path:
+    """Writes the run's settings as JSON (`workdir/settings.json`), so that tools reading the
+    workdir later (`rlvr_jax.export`, `rlvr_jax.eval`) rebuild the same model and data."""
+    path = Path(workdir) / SETTINGS_FILE
+    if jax.process_index() == 0:
+        path.write_text(json.dumps(_plain_settings(settings), indent=1) + "\n")
+    return path
+
+
+def load_settings(workdir: str | Path) -> Settings:
+    """The settings `save_settings` wrote into `workdir`.
+
+    Raises:
+      FileNotFoundError: when the workdir holds no settings file.
+    """
+    path = Path(workdir) / SETTINGS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: {str(workdir)!r} is not a run's workdir")
+    return settings_from_config(json.loads(path.read_text()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -477,6 +572,75 @@ def build_evaluator(
     return evaluate
 
 
+def concat_rollouts(rollouts: Sequence[sampling.Rollout], pad_id: int) -> sampling.Rollout:
+    """Rows of several rollouts as one; prompts are left-padded to the widest bucket among them
+    (positions follow the mask, so extra left padding changes nothing for the model)."""
+    P = max(r.prompt_NP.shape[1] for r in rollouts)
+    widened = [
+        dataclasses.replace(
+            r,
+            prompt_NP=jnp.pad(
+                r.prompt_NP, ((0, 0), (P - r.prompt_NP.shape[1], 0)), constant_values=pad_id
+            ),
+        )
+        for r in rollouts
+    ]
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs), *widened)
+
+
+@dataclasses.dataclass
+class _Round:
+    """One rollout round of dynamic sampling: the prompts drawn, their rollout and rewards."""
+
+    examples: list[Example]
+    rollout: sampling.Rollout
+    rewards_N: np.ndarray
+    parts: dict[str, np.ndarray]
+
+
+def dynamic_sampling_batch(
+    draw: Callable[[], tuple[list[Example], ts.Batch]],
+    rollout_and_verify: Callable[[list[Example], ts.Batch], _Round],
+    batch_prompts: int,
+    group_size: int,
+    max_rounds: int,
+    pad_id: int,
+) -> tuple[sampling.Rollout, np.ndarray, dict[str, np.ndarray], list[_Round], dict[str, float]]:
+    """DAPO dynamic sampling over whole-batch rounds (see `DataSettings.dynamic_sampling`).
+
+    Returns:
+      (rollout, rewards_N, parts) of the `batch_prompts` groups to train on, kept groups first;
+      every round (for the prompt sampler); and the `dynamic_sampling/*` metrics.
+
+    Groups are filtered on the total reward, not on correctness alone: what the advantage
+    zeroes is a group of equal rewards, and a shaped reward (length, format) can give an
+    all-correct group variance, and so signal.
+    """
+    rounds: list[_Round] = []
+
+    def produce(wanted: int):
+        del wanted  # every round is a full batch, so that shapes stay static
+        examples, batch = draw()
+        r = rollout_and_verify(examples, batch)
+        rounds.append(r)
+        i = len(rounds) - 1
+        groups = [(i, b) for b in range(len(examples))]
+        return groups, r.rewards_N.reshape(-1, group_size)
+
+    groups, _, stats = curriculum_lib.fill_batch(produce, batch_prompts, max_rounds)
+    rows = []
+    for i, b in groups:
+        rows.append((i, np.arange(b * group_size, (b + 1) * group_size)))
+    rollout = concat_rollouts(
+        [jax.tree.map(lambda x, idx=idx: x[idx], rounds[i].rollout) for i, idx in rows], pad_id
+    )
+    rewards = np.concatenate([rounds[i].rewards_N[idx] for i, idx in rows])
+    parts = {
+        k: np.concatenate([rounds[i].parts[k][idx] for i, idx in rows]) for k in rounds[0].parts
+    }
+    return rollout, rewards, parts, rounds, stats.as_metrics()
+
+
 # ---------------------------------------------------------------------------------------------
 # The loop
 
@@ -489,6 +653,7 @@ def run(settings: Settings, workdir: str | Path, log: Callable[[str], None] = pr
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    save_settings(settings, workdir)
     s = settings
     tok = build_tokenizer(s.model)
     overrides = dict(dtype=s.model.dtype, param_dtype=s.model.param_dtype, remat=s.model.remat)
@@ -535,13 +700,30 @@ def run(settings: Settings, workdir: str | Path, log: Callable[[str], None] = pr
     state = state_lib.init_train_state(
         params, optimizer, jax.random.key(s.train.seed + 1), use_reference=use_ref
     )
-    if task.in_graph:
+    # The state lives on the mesh from here on; the jitted programs keep its layout.
+    plan = sharding.plan_step(
+        state, model_cfg, sharding.make_mesh(s.mesh), s.train.batch_prompts * G
+    )
+    state = sharding.place(state, plan.state)
+    if task.in_graph and not s.data.dynamic_sampling:
         step_fn = ts.build_train_step(
-            model_cfg, s.rl, optimizer, schedule, task.reward_fn(s.reward, G, T)
+            model_cfg, s.rl, optimizer, schedule, task.reward_fn(s.reward, G, T), plan
         )
     else:
-        rollout_fn = ts.build_rollout(model_cfg, s.rl)
-        update_fn = ts.build_update(model_cfg, s.rl, optimizer, schedule)
+        rollout_fn = ts.build_rollout(model_cfg, s.rl, plan)
+        update_fn = ts.build_update(model_cfg, s.rl, optimizer, schedule, plan)
+    if task.in_graph:
+        reward_c = jax.jit(task.reward_fn(s.reward, G, T))
+
+        def verify(rollout, batch, chosen):
+            del chosen
+            return jax.device_get(reward_c(rollout, batch.targets))
+    else:
+
+        def verify(rollout, batch, chosen):
+            del batch
+            return task.host_rewards(rollout, [ex for ex in chosen for _ in range(G)], G, T)
+
     evaluate = build_evaluator(model_cfg, s, task, tok.pad_id)
 
     checkpointer = ckpt_lib.Checkpointer(
@@ -582,37 +764,81 @@ def run(settings: Settings, workdir: str | Path, log: Callable[[str], None] = pr
     try:
         while step < s.train.steps:
             with timer.stage("step"):
-                with timer.stage("prompt_selection"):
-                    sampler_state, idx = prompt_sampler.next(sampler_state, s.train.batch_prompts)
-                    chosen = [enc_train.examples[i] for i in idx]
-                    batch = _batch(
-                        [enc_train.ids[i] for i in idx],
-                        chosen,
-                        s.rl.group_size,
-                        s.data.buckets,
+                if s.data.dynamic_sampling:
+                    carry = {"state": state, "sampler": sampler_state}
+
+                    def draw():
+                        with timer.stage("prompt_selection"):
+                            carry["sampler"], idx = prompt_sampler.next(
+                                carry["sampler"], s.train.batch_prompts
+                            )
+                            chosen = [enc_train.examples[i] for i in idx]
+                            ids = [enc_train.ids[i] for i in idx]
+                            batch = _batch(ids, chosen, G, s.data.buckets, tok.pad_id, task)
+                            return chosen, sharding.place(batch, plan.rows)
+
+                    def rollout_and_verify(chosen, batch):
+                        with timer.stage("rollout"):
+                            carry["state"], key = ts.split_rollout_key(carry["state"])
+                            params = carry["state"].params
+                            rollout = jax.block_until_ready(rollout_fn(params, batch, key))
+                        with timer.stage("verification"):
+                            rewards, parts = verify(rollout, batch, chosen)
+                        return _Round(chosen, rollout, rewards, parts)
+
+                    rollout, rewards, parts, rounds, fill_metrics = dynamic_sampling_batch(
+                        draw,
+                        rollout_and_verify,
+                        s.train.batch_prompts,
+                        G,
+                        s.data.dynamic_max_rounds,
                         tok.pad_id,
-                        task,
                     )
-                if task.in_graph:
-                    with timer.stage("train_step"):
-                        state, metrics = step_fn(state, batch)
-                        metrics = jax.device_get(metrics)
-                else:
-                    with timer.stage("rollout"):
-                        state, key = ts.split_rollout_key(state)
-                        rollout = jax.block_until_ready(rollout_fn(state.params, batch, key))
-                    with timer.stage("verification"):
-                        rows = [ex for ex in chosen for _ in range(G)]
-                        rewards, parts = task.host_rewards(rollout, rows, G, T)
+                    state, sampler_state = carry["state"], carry["sampler"]
                     with timer.stage("update"):
                         state, metrics = update_fn(state, rollout, rewards, parts)
                         metrics = jax.device_get(metrics)
+                    metrics.update(fill_metrics)
+                    attempted = [(r.examples, r.parts["correct"].reshape(-1, G)) for r in rounds]
+                else:
+                    with timer.stage("prompt_selection"):
+                        sampler_state, idx = prompt_sampler.next(
+                            sampler_state, s.train.batch_prompts
+                        )
+                        chosen = [enc_train.examples[i] for i in idx]
+                        batch = _batch(
+                            [enc_train.ids[i] for i in idx],
+                            chosen,
+                            s.rl.group_size,
+                            s.data.buckets,
+                            tok.pad_id,
+                            task,
+                        )
+                        batch = sharding.place(batch, plan.rows)
+                    if task.in_graph:
+                        with timer.stage("train_step"):
+                            state, metrics = step_fn(state, batch)
+                            metrics = jax.device_get(metrics)
+                    else:
+                        with timer.stage("rollout"):
+                            state, key = ts.split_rollout_key(state)
+                            rollout = jax.block_until_ready(rollout_fn(state.params, batch, key))
+                        with timer.stage("verification"):
+                            rewards, parts = verify(rollout, batch, chosen)
+                        with timer.stage("update"):
+                            state, metrics = update_fn(state, rollout, rewards, parts)
+                            metrics = jax.device_get(metrics)
+                    attempted = None
+                if not task.in_graph:
                     metrics.update(task.pool.stats.as_dict())
             step += 1
             success_BG = np.asarray(metrics.pop("rows/correct")).reshape(-1, s.rl.group_size)
-            sampler_state = prompt_sampler.update(
-                sampler_state, [ex.id for ex in chosen], success_BG
-            )
+            if attempted is None:
+                attempted = [(chosen, success_BG)]
+            for examples, success in attempted:
+                sampler_state = prompt_sampler.update(
+                    sampler_state, [ex.id for ex in examples], np.asarray(success)
+                )
             hist = np.bincount(
                 np.rint(success_BG.sum(axis=1)).astype(int), minlength=s.rl.group_size + 1
             )

@@ -1,0 +1,82 @@
+"""GRPO on GSM8K with Qwen2.5-0.5B-Instruct (or Qwen3-0.6B with `:qwen3`), R1 template.
+
+Command (from a checkout, with the GSM8K JSONL at ../shared/data/gsm8k):
+  python -m rlvr_jax.main --config=configs/qwen_small.py --workdir=runs/qwen_small
+  python -m rlvr_jax.main --config=configs/qwen_small.py:qwen3 --workdir=runs/qwen3_small
+Weights come from the Hugging Face hub id, or from a local directory holding config.json,
+*.safetensors and the tokenizer files: `--config.model.source=/path/to/Qwen2.5-0.5B-Instruct`.
+Evaluate a checkpoint on the GSM8K test split, or on AIME + AMC with pass@k:
+  python -m rlvr_jax.eval --workdir=runs/qwen_small
+  python -m rlvr_jax.eval --workdir=runs/qwen_small --datasets=aime,amc \\
+      --data_path=../shared/data --n=16 --k=1,4,16 --max_new_tokens=1024
+
+Hardware: sized for one accelerator with 32 GiB or more (a TPU v4 chip of a v4-8, one GPU of
+40-80 GiB); the run uses one device. By arithmetic, not measurement: f32 parameters, gradients
+and Adam moments of 0.5B weights take about 8 GiB; 256 rows x 832 tokens of bf16 activations at
+the 24 layer boundaries (remat) about 9 GiB, split over 4 microbatches; the bf16 KV cache of the
+rollout about 2.6 GiB. On a 16 GiB v5e chip lower `train.batch_prompts` to 16.
+
+The task: GSM8K train split for prompts (7,473), the first 256 problems of the test split for
+the held-out greedy accuracy during training (`data.num_eval=1319` or `rlvr_jax.eval` for the
+whole split). Prompts longer than the largest bucket are counted and skipped. The R1-Zero
+template (plain text, no chat template, ending in "Assistant: <think>"); the reward is correctness
+(math verifier on the <answer> block, in a process pool) plus 0.1 x the R1 format.
+
+Expected result: none measured here. This machine has no TPU or GPU and no Qwen weights
+offline, so neither this config nor its figures were run; only its settings are checked
+(tests/test_configs_qwen_small.py). Treat the hyperparameters as a starting point.
+"""
+
+import ml_collections
+
+from rlvr_jax.train import default_config
+
+SOURCES = {
+    "": "Qwen/Qwen2.5-0.5B-Instruct",
+    "qwen2.5": "Qwen/Qwen2.5-0.5B-Instruct",
+    "qwen3": "Qwen/Qwen3-0.6B",
+}
+# The architecture preset of each source (`model.config.PRESETS`), for shape checks.
+PRESETS = {
+    "Qwen/Qwen2.5-0.5B-Instruct": "qwen2.5-0.5b",
+    "Qwen/Qwen3-0.6B": "qwen3-0.6b",
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    arg = arg or ""
+    if arg not in SOURCES:
+        raise ValueError(f"configs/qwen_small.py:{arg}: expected one of {sorted(SOURCES)}")
+    c = default_config()
+    c.model.source = SOURCES[arg]
+    c.model.dtype = "bfloat16"
+    c.model.param_dtype = "float32"
+    c.model.remat = True
+    c.data.name = "gsm8k"
+    c.data.path = "../shared/data/gsm8k"
+    c.data.split = "train"
+    c.data.eval_split = "test"
+    c.data.num_eval = 256
+    c.data.template = "r1_zero"
+    c.data.buckets = (192, 256, 320)
+    c.reward.verifier = "math"
+    c.reward.format = "r1"
+    c.reward.format_weight = 0.1
+    c.reward.workers = 8
+    c.rl.group_size = 8
+    c.rl.sampler.max_new_tokens = 512
+    c.rl.temperature = 1.0
+    c.rl.num_microbatches = 4
+    c.rl.logprob_chunk = 128
+    c.optim.learning_rate = 1e-6
+    c.optim.warmup_steps = 10
+    c.optim.total_steps = 200
+    c.optim.schedule = "constant"
+    c.optim.weight_decay = 0.0
+    c.train.steps = 200
+    c.train.batch_prompts = 32
+    c.train.log_every = 1
+    c.train.eval_every = 25
+    c.train.checkpoint_every = 25
+    c.eval.batch_prompts = 128
+    return c

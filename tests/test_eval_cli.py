@@ -1,0 +1,177 @@
+"""`python -m rlvr_jax.eval` on a briefly fine-tuned tiny model: greedy accuracy as the training
+loop measures it, pass@k and mean@n from samples, per-source tables, the JSON and the table."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from configs import sft_tiny
+from rlvr_jax import eval as eval_lib
+from rlvr_jax import export, sampling, sft, train
+from rlvr_jax.data import datasets, templates
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A tiny model part-way through learning addition (accuracy well inside (0, 1))."""
+    workdir = tmp_path_factory.mktemp("sft_run")
+    config = sft_tiny.get_config()
+    config.train.steps = 60
+    config.train.use_tensorboard = False
+    config.sft.eval = False
+    config.sft.export = False
+    sft.run(train.settings_from_config(config), workdir, log=lambda _: None)
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def policy(run):
+    params, cfg, tok, settings, _ = export.restore_policy(run)
+    _, heldout, _ = train.load_examples(settings.data)
+    return params, cfg, tok, settings, heldout
+
+
+def test_greedy_accuracy_is_the_training_loops(policy):
+    params, cfg, tok, settings, heldout = policy
+    result = eval_lib.evaluate(params, cfg, tok, settings, heldout)
+    sampler = dataclasses.replace(settings.rl.sampler, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+    s = dataclasses.replace(settings, rl=dataclasses.replace(settings.rl, sampler=sampler))
+    enc = templates.encode_prompts(
+        heldout, templates.get_template(s.data.template), tok, s.data.buckets
+    )
+    task = train.build_task(s.reward, tok, cfg, enc.examples, s.data.template)
+    loop = train.build_evaluator(cfg, s, task, tok.pad_id)(params, enc.ids, enc.examples)
+    greedy = result["greedy"]["all"]
+    assert 0.1 < greedy["mean@1"] < 0.95
+    assert greedy["mean@1"] == loop["eval/accuracy"]
+    assert greedy["length/mean"] == pytest.approx(loop["eval/length"])
+    assert greedy["length/truncated"] == loop["eval/truncated"]
+    assert result["num_prompts"] == greedy["prompts"] == len(heldout)
+    assert "sampled" not in result
+
+
+def test_samples_give_pass_at_k_and_mean_at_n(policy):
+    params, cfg, tok, settings, heldout = policy
+    # Near-zero temperature: every sample is the greedy answer, so every statistic equals it.
+    cold = eval_lib.EvalOptions(num_samples=4, ks=(1, 2, 4), temperature=1e-4)
+    result = eval_lib.evaluate(params, cfg, tok, settings, heldout, cold)
+    greedy, sampled = result["greedy"]["all"]["mean@1"], result["sampled"]["all"]
+    for name in ("mean@4", "pass@1", "pass@2", "pass@4"):
+        assert sampled[name] == pytest.approx(greedy), name
+    # At temperature 1 the samples differ: pass@k grows with k, pass@1 is mean@n.
+    # Same shapes as above (n=4): the sampler program is reused, only the temperature changes.
+    warm = eval_lib.EvalOptions(num_samples=4, ks=(1, 2, 4, 16), temperature=1.0, seed=3)
+    sampled = eval_lib.evaluate(params, cfg, tok, settings, heldout, warm)["sampled"]["all"]
+    assert sampled["samples"] == 4 and "pass@16" not in sampled
+    assert sampled["pass@1"] == pytest.approx(sampled["mean@4"])
+    assert sampled["pass@1"] < sampled["pass@2"] < sampled["pass@4"] <= 1.0
+
+
+def test_per_source_tables(policy):
+    params, cfg, tok, settings, heldout = policy
+    half = len(heldout) // 2
+    mixed = [dataclasses.replace(ex, source="a") for ex in heldout[:half]]
+    mixed += [dataclasses.replace(ex, source="b") for ex in heldout[half:]]
+    result = eval_lib.evaluate(params, cfg, tok, settings, mixed)["greedy"]
+    assert sorted(result) == ["a", "all", "b"]
+    assert result["a"]["prompts"] + result["b"]["prompts"] == result["all"]["prompts"]
+    weighted = (
+        result["a"]["mean@1"] * result["a"]["prompts"]
+        + result["b"]["mean@1"] * result["b"]["prompts"]
+    ) / result["all"]["prompts"]
+    assert weighted == pytest.approx(result["all"]["mean@1"])
+
+
+def test_cli_on_named_datasets_writes_json_and_a_table(run, tmp_path):
+    for name, level in (("easy", 1), ("hard", 2)):
+        examples = [
+            dataclasses.replace(ex, source=name)
+            for ex in datasets.arithmetic_examples(24, seed=5, level=level)
+        ]
+        datasets.write_examples(tmp_path / f"{name}.jsonl", examples)
+    out = tmp_path / "result.json"
+    specs = f"examples:{tmp_path / 'easy.jsonl'},examples:{tmp_path / 'hard.jsonl'}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlvr_jax.eval",
+        f"--workdir={run}",
+        f"--datasets={specs}",
+        "--n=4",
+        "--k=1,4",
+        f"--out={out}",
+    ]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["checkpoint_step"] == 60 and result["num_prompts"] == 48
+    assert sorted(result["sampled"]) == ["all", "easy", "hard"]
+    assert result["sampled"]["easy"]["prompts"] == 24
+    # The model only saw single-digit sums: two-digit subtraction stays (nearly) unsolved.
+    assert result["greedy"]["easy"]["mean@1"] > result["greedy"]["hard"]["mean@1"]
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("source"))
+    assert header.split() == ["source", "prompts", "greedy", "mean@4", "pass@1", "pass@4"] + [
+        "len@4",
+        "trunc",
+    ]
+    assert any(line.split()[0] == "hard" for line in proc.stdout.splitlines() if line.strip())
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match="num_samples=-1"):
+        eval_lib.EvalOptions(num_samples=-1)
+    with pytest.raises(ValueError, match="temperature"):
+        eval_lib.EvalOptions(temperature=0.0)
+
+
+class _TextTask:
+    """A host verifier: the decoded response must be the answer, then the end token."""
+
+    in_graph = False
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def targets(self, examples, group_size):
+        return None
+
+    def host_rewards(self, rollout, rows, G, T):
+        tokens, lengths, finish = jax.device_get(
+            (rollout.tokens_NT, rollout.lengths_N, rollout.finish_N)
+        )
+        correct = [
+            float(
+                f != sampling.FINISH_LENGTH
+                and self.tok.decode(t[:n], skip_special_tokens=True) == ex.answer
+            )
+            for t, n, f, ex in zip(tokens, lengths, finish, rows, strict=True)
+        ]
+        return np.asarray(correct), {"correct": np.asarray(correct, np.float32)}
+
+
+def test_host_verifier_path_agrees_with_the_in_graph_one(policy):
+    params, cfg, tok, settings, heldout = policy
+    sampler = dataclasses.replace(settings.rl.sampler, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+    enc = templates.encode_prompts(
+        heldout, templates.get_template(settings.data.template), tok, settings.data.buckets
+    )
+    in_graph_task = train.build_task(settings.reward, tok, cfg, enc.examples, "")
+    # The shapes of the sampling test above (32 prompts x 4), so nothing compiles again.
+    common = dict(buckets=(8,), pad_id=tok.pad_id, batch_prompts=32, seed=1)
+    args = (params, cfg)
+    rest = (enc.ids, enc.examples, sampler, 4)
+    in_graph = eval_lib.generate_and_score(*args, in_graph_task, *rest, **common)
+    host = eval_lib.generate_and_score(*args, _TextTask(tok), *rest, **common)
+    assert in_graph[0].shape == (len(heldout), 4) and 0 < in_graph[0].mean() < 1
+    for a, b in zip(in_graph, host, strict=True):
+        np.testing.assert_array_equal(a, b)
