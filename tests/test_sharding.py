@@ -211,9 +211,9 @@ def test_vocabulary_matrices_and_their_gradients_stay_split():
 # The step
 
 
-# Pure FSDP over 8 (the v5e-8 layout) and every axis at once; the host-verifier path below runs
-# fsdp x tensor = 2 x 4.
-@pytest.mark.parametrize("shape", [(1, 8, 1), (2, 2, 2)])
+# Each axis alone (pure data, FSDP as on a v5e-8, tensor) and all at once; the host-verifier
+# path below runs fsdp x tensor = 2 x 4.
+@pytest.mark.parametrize("shape", [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 1, 8)])
 def test_sharded_train_step_equals_one_device(task, one_device, shape):
     want_state, want_metrics, _ = one_device
     mesh = sharding.make_mesh(sharding.MeshConfig(*shape))
@@ -227,9 +227,11 @@ def test_sharded_train_step_equals_one_device(task, one_device, shape):
         np.testing.assert_allclose(x, y, atol=PARAM_ATOL)
     for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(plan.state), strict=True):
         assert got.sharding.is_equivalent_to(want, got.ndim), (got.sharding, want)
-    # Something really is split: the MLP over "tensor" or "fsdp", the rows over the data axes.
-    assert plan.state.params.layers.gate.spec != P()
-    assert plan.rows.spec != P()
+    # What the mesh splits really is split: the MLP over "fsdp" or "tensor", the rows over
+    # "data" and "fsdp" (pure data parallelism replicates the weights, pure tensor the rows).
+    data, fsdp, tensor = shape
+    assert (plan.state.params.layers.gate.spec != P()) == (fsdp * tensor > 1)
+    assert (plan.rows.spec != P()) == (data * fsdp > 1)
 
 
 def test_host_verifier_path_on_a_mesh_equals_the_fused_step(task, one_device):
