@@ -299,7 +299,24 @@ def settings_from_config(config: Any) -> Settings:
     if max(s.data.buckets) + s.rl.sampler.max_new_tokens > 1 << 20:
         raise ConfigError(f"data.buckets={s.data.buckets} too long")
     s.rl.check_rows(s.train.batch_prompts * s.rl.group_size)
+    if s.train.stage == "rl":
+        check_mesh(s, jax.device_count())
     return s
+
+
+def check_mesh(s: Settings, num_devices: int) -> None:
+    """Raises ConfigError unless the mesh fits the devices and the rows split over its batch
+    axes (otherwise every device would hold every row)."""
+    try:
+        data, fsdp, _ = s.mesh.shape(num_devices)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    rows = s.train.batch_prompts * s.rl.group_size
+    if rows % (data * fsdp):
+        raise ConfigError(
+            f"train.batch_prompts={s.train.batch_prompts} x rl.group_size={s.rl.group_size} = "
+            f"{rows} rows do not split over the mesh's data x fsdp = {data} x {fsdp} devices"
+        )
 
 
 SETTINGS_FILE = "settings.json"

@@ -105,6 +105,21 @@ def test_settings_errors_name_the_field():
         train.settings_from_config(config)
 
 
+def test_rows_that_do_not_split_over_the_mesh_fail_before_compiling():
+    from configs import tiny
+
+    config = tiny.get_config()  # 8 host devices in tests: mesh (1, 8, 1) by default
+    config.train.batch_prompts = 3
+    with pytest.raises(ConfigError, match=r"batch_prompts=3 x rl.group_size=4 = 12 rows"):
+        train.settings_from_config(config)
+    config.mesh.data, config.mesh.fsdp = 3, 1
+    with pytest.raises(ConfigError, match="mesh"):
+        train.settings_from_config(config)
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 2, -1
+    config.train.batch_prompts = 1  # 4 rows over fsdp=2, tensor 4
+    assert train.settings_from_config(config).mesh.shape(8) == (1, 2, 4)
+
+
 def test_tiny_run_in_process(tmp_path):
     from configs import tiny
 
