@@ -281,11 +281,12 @@ def default_config() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({k: _default_dict(v) for k, v in _SECTIONS.items()})
 
 
-def settings_from_config(config: Any) -> Settings:
+def settings_from_config(config: Any, check_devices: bool = True) -> Settings:
     """Typed settings from a ConfigDict; every unknown or bad field is named.
 
     `rl.sampler.eos_ids` and `pad_id` are left for `run` to fill from the tokenizer when the
-    config does not set them.
+    config does not set them. `check_devices=False` skips the mesh checks against this
+    process's devices (a finished run's settings, read back to export or evaluate it elsewhere).
     """
     config = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     sections = _SECTIONS
@@ -299,7 +300,7 @@ def settings_from_config(config: Any) -> Settings:
     if max(s.data.buckets) + s.rl.sampler.max_new_tokens > 1 << 20:
         raise ConfigError(f"data.buckets={s.data.buckets} too long")
     s.rl.check_rows(s.train.batch_prompts * s.rl.group_size)
-    if s.train.stage == "rl":
+    if s.train.stage == "rl" and check_devices:
         check_mesh(s, jax.device_count())
     return s
 
@@ -350,7 +351,7 @@ def load_settings(workdir: str | Path) -> Settings:
     path = Path(workdir) / SETTINGS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: {str(workdir)!r} is not a run's workdir")
-    return settings_from_config(json.loads(path.read_text()))
+    return settings_from_config(json.loads(path.read_text()), check_devices=False)
 
 
 # ---------------------------------------------------------------------------------------------
