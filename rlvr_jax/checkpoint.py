@@ -161,6 +161,11 @@ class Checkpointer:
             )
         except Exception as e:
             raise CheckpointError(f"cannot open checkpoint directory {self.directory}: {e}") from e
+        # Orbax deletes the temporary directories of interrupted saves in the background and
+        # awaits that only in its next save; wait now, so that opening a writer is enough.
+        await_cleanup = getattr(self._manager, "_maybe_await_cleanup_tmp_directory", None)
+        if not read_only and await_cleanup is not None:
+            await_cleanup()
 
     # -- queries --------------------------------------------------------------------------------
 
