@@ -200,7 +200,7 @@ def main() -> None:
             }
             m = medians(fns, args.repeats, args.budget_s)
             step = (m["ours"][0] - m["prefill"][0]) / (NEW_TOKENS - 1)
-            slots = mean_slots_read(0)  # the default loop on CPU reads the whole cache
+            slots = mean_slots_read(sampling.SamplerConfig(1).attention_chunk)  # the default
             moved = weight_bytes + kv_bytes_read(cfg, N, slots)
             tps = lambda seconds, N=N: N * NEW_TOKENS / seconds
             rows.append(
@@ -231,6 +231,7 @@ def main() -> None:
         prompt = prompt.astype(np.int32)
         variants = {
             "unroll, whole cache": dict(layer_loop="unroll", attention_chunk=0),
+            "unroll, filled prefix (chunks of 32)": dict(layer_loop="unroll", attention_chunk=32),
             "scan, whole cache": dict(layer_loop="scan", attention_chunk=0),
             "scan, filled prefix (chunks of 32)": dict(layer_loop="scan", attention_chunk=32),
         }

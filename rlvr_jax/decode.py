@@ -1,8 +1,9 @@
 """The sampler's model side: prefill into a decode cache, and one-token decode steps.
 
 Prefill runs `transformer.hidden_states` over the left-padded prompts. Decode runs one token per
-row through the same math as `transformer._layer`, over a cache laid out (N, K, S, Dh) per layer,
-so that attention is a batched matmul over (N, K) with no transpose. Two layer loops:
+row through the block functions of `transformer._layer` (projections, RoPE, output and MLP), with
+its own attention over a cache laid out (N, K, S, Dh) per layer, so that attention is a batched
+matmul over (N, K) with no transpose. Two layer loops:
 
 * "scan": layers stacked on L under `lax.scan` (compile time independent of depth), the cache one
   (L, N, K, S, Dh) array. Attention reads only the filled prefix of the cache, rounded up to a
@@ -10,10 +11,14 @@ so that attention is a batched matmul over (N, K) with no transpose. Two layer l
   the loop for TPU and GPU, where XLA feeds a dynamic slice of the stacked weights to the matmul
   without a copy.
 * "unroll": a Python loop over per-layer weights, split from the stack once per call, and a tuple
-  of per-layer caches; each layer writes its new key/value in place and attends over its whole
-  buffer. XLA:CPU copies every dynamic slice of the stacked weights (and of the cache) before a
-  matmul, which doubled the memory traffic of a decode step; unrolled, nothing is copied. It is
-  the default on CPU ("auto"), at the price of compile time that grows with depth.
+  of per-layer caches; each layer writes its new key/value in place, then attends over the same
+  static windows of its buffer. XLA:CPU copies every dynamic slice of the stacked weights (and
+  of the cache) before a matmul, which doubled the memory traffic of a decode step; unrolled, no
+  weight is copied. It is the default on CPU ("auto"), at the price of compile time that grows
+  with depth.
+
+Both loops take RoPE's cos/sin of the fed tokens as inputs: built inside the step, XLA fuses the
+trigonometry into every head's rotation of every layer (a fifth of a tiny model's step on CPU).
 
 Shapes: N rows, P prompt bucket, S cache slots, L layers, K kv heads, G query heads per kv head,
 Dh head dim, D embed, V vocab.
@@ -122,7 +127,7 @@ def unstack_layers(params: transformer.Params) -> list[transformer.Layers]:
 
 
 def attention_windows(prompt_len: int, num_slots: int, chunk: int) -> tuple[int, ...]:
-    """The static windows of the scan loop: the prompt plus multiples of `chunk`, up to S."""
+    """The static attention windows: the prompt plus multiples of `chunk`, up to S."""
     if not chunk:
         return (num_slots,)
     S = num_slots
@@ -134,35 +139,19 @@ def attention_windows(prompt_len: int, num_slots: int, chunk: int) -> tuple[int,
 
 
 def _qkv(
-    x_ND: Array, w: transformer.Layers, positions_N: Array, cfg: ModelConfig
+    x_ND: Array, w: transformer.Layers, rope_N: tuple[Array, Array], cfg: ModelConfig
 ) -> tuple[Array, Array, Array]:
-    """Query (N, K, G, Dh), key and value (N, K, Dh) of one token per row, RoPE applied."""
-    N = x_ND.shape[0]
-    dt = x_ND.dtype
-    h = transformer.rms_norm(x_ND, w.attn_norm, cfg.norm_eps)
-    q = jnp.einsum("nd,dhk->nhk", h, w.q.astype(dt))
-    k = jnp.einsum("nd,dhk->nhk", h, w.k.astype(dt))
-    v = jnp.einsum("nd,dhk->nhk", h, w.v.astype(dt))
-    if w.q_bias is not None:
-        q, k, v = q + w.q_bias.astype(dt), k + w.k_bias.astype(dt), v + w.v_bias.astype(dt)
-    if w.q_norm is not None:
-        q = transformer.rms_norm(q, w.q_norm, cfg.norm_eps)
-        k = transformer.rms_norm(k, w.k_norm, cfg.norm_eps)
-    q = transformer.apply_rope(q[:, None], positions_N[:, None], cfg)[:, 0]
-    k = transformer.apply_rope(k[:, None], positions_N[:, None], cfg)[:, 0]
-    K = cfg.num_kv_heads
-    return q.reshape(N, K, cfg.num_heads // K, cfg.head_dim), k, v
+    """`transformer._qkv` of one token per row: query (N, K, G, Dh), key and value (N, K, Dh)."""
+    N, K = x_ND.shape[0], cfg.num_kv_heads
+    rope = tuple(c[:, None].astype(x_ND.dtype) for c in rope_N)
+    q, k, v = transformer._qkv(x_ND[:, None], w, rope, cfg)
+    return q[:, 0].reshape(N, K, cfg.num_heads // K, cfg.head_dim), k[:, 0], v[:, 0]
 
 
 def _out_and_mlp(x_ND: Array, attn_NKGd: Array, w: transformer.Layers, cfg: ModelConfig) -> Array:
-    N = x_ND.shape[0]
-    dt = x_ND.dtype
-    attn = attn_NKGd.reshape(N, cfg.num_heads, cfg.head_dim)
-    x_ND = x_ND + jnp.einsum("nhk,hkd->nd", attn, w.o.astype(dt))
-    h = transformer.rms_norm(x_ND, w.mlp_norm, cfg.norm_eps)
-    gate = jnp.einsum("nd,df->nf", h, w.gate.astype(dt))
-    up = jnp.einsum("nd,df->nf", h, w.up.astype(dt))
-    return x_ND + jnp.einsum("nf,fd->nd", jax.nn.silu(gate) * up, w.down.astype(dt))
+    """`transformer._out_and_mlp` of one token per row."""
+    attn = attn_NKGd.reshape(x_ND.shape[0], 1, cfg.num_heads, cfg.head_dim)
+    return transformer._out_and_mlp(x_ND[:, None], attn, w, cfg)[:, 0]
 
 
 def _scores(q_NKGd: Array, k_NKSd: Array, valid_NS: Array) -> Array:
@@ -211,7 +200,7 @@ def _scan_layers(
     x_ND: Array,
     params: transformer.Params,
     cache: DecodeCache,
-    positions_N: Array,
+    rope_N: tuple[Array, Array],
     prompt_mask_NP: Array,
     slot: Array,
     cfg: ModelConfig,
@@ -223,7 +212,7 @@ def _scan_layers(
 
     def layer(x_ND, inputs):
         w, index = inputs
-        q, k, v = _qkv(x_ND, w, positions_N, cfg)
+        q, k, v = _qkv(x_ND, w, rope_N, cfg)
         args = (q, k, v, cache, index, prompt_mask_NP, slot)
         attn = attends[0](*args) if len(attends) == 1 else jax.lax.switch(branch, attends, *args)
         return _out_and_mlp(x_ND, attn, w, cfg), (k, v)
@@ -236,28 +225,41 @@ def _scan_layers(
     return x_ND, DecodeCache(k=put(cache.k, k_LNKd), v=put(cache.v, v_LNKd))
 
 
+def _span_attention(
+    q_NKGd: Array, k_NKSd: Array, v_NKSd: Array, prompt_mask_NP: Array, slot: Array, window: int
+) -> Array:
+    """Unrolled loop: one query per row against its buffer's slots [0, window), of which those
+    past `slot` (this token's, already written) are masked."""
+    dt = q_NKGd.dtype
+    k, v = k_NKSd[:, :, :window].astype(dt), v_NKSd[:, :, :window].astype(dt)
+    s_NKGW = _scores(q_NKGd, k, _valid_slots(prompt_mask_NP, window, slot + 1))
+    probs = jax.nn.softmax(s_NKGW, axis=-1).astype(dt)
+    return jnp.einsum("nkgw,nkwd->nkgd", probs, v)
+
+
 def _unrolled_layers(
     x_ND: Array,
     layers: list[transformer.Layers],
     cache: DecodeCache,
-    positions_N: Array,
+    rope_N: tuple[Array, Array],
     prompt_mask_NP: Array,
     slot: Array,
     cfg: ModelConfig,
+    windows: tuple[int, ...],
 ) -> tuple[Array, DecodeCache]:
-    S = cache.k[0].shape[2]
     # Write first, then attend to the buffer just written: each buffer's only reader follows its
     # update, so XLA updates it in place (reading it before the write made XLA copy it).
-    valid_NS = _valid_slots(prompt_mask_NP, S, slot + 1)
     put = lambda c, new: jax.lax.dynamic_update_slice(c, new[:, :, None].astype(c.dtype), at)
     at = (0, 0, slot, 0)
-    dt = x_ND.dtype
+    # Smallest window that holds slots [0, slot].
+    branch = jnp.sum(jnp.asarray(windows) <= slot)
+    attends = [functools.partial(_span_attention, window=w) for w in windows]
     ks, vs = list(cache.k), list(cache.v)
     for i, w in enumerate(layers):
-        q, k, v = _qkv(x_ND, w, positions_N, cfg)
+        q, k, v = _qkv(x_ND, w, rope_N, cfg)
         ks[i], vs[i] = put(ks[i], k), put(vs[i], v)
-        probs = jax.nn.softmax(_scores(q, ks[i].astype(dt), valid_NS), axis=-1).astype(dt)
-        attn = jnp.einsum("nkgs,nksd->nkgd", probs, vs[i].astype(dt))
+        args = (q, ks[i], vs[i], prompt_mask_NP, slot)
+        attn = attends[0](*args) if len(attends) == 1 else jax.lax.switch(branch, attends, *args)
         x_ND = _out_and_mlp(x_ND, attn, w, cfg)
     return x_ND, DecodeCache(k=tuple(ks), v=tuple(vs))
 
@@ -267,7 +269,7 @@ def decode_step(
     layers: list[transformer.Layers] | None,
     cache: DecodeCache,
     tokens_N: Array,
-    positions_N: Array,
+    rope_N: tuple[Array, Array],
     prompt_mask_NP: Array,
     slot: Array,
     model_cfg: ModelConfig,
@@ -281,11 +283,11 @@ def decode_step(
       layers: `unstack_layers(params)` for an unrolled cache, else None.
       cache: the decode cache, slots [0, P) holding the prompts and [P, slot) the generated tokens.
       tokens_N: the token fed to each row.
-      positions_N: its RoPE position.
+      rope_N: (cos, sin) (N, Dh/2) of each row's RoPE position (`transformer.rope_tables`).
       prompt_mask_NP: which prompt slots hold real tokens.
       slot: () int32, the cache slot of this token.
       model_cfg: the architecture.
-      windows: the scan loop's attention windows (`attention_windows`).
+      windows: the attention windows (`attention_windows`).
 
     Returns:
       (logits (N, V) f32, cache).
@@ -293,11 +295,11 @@ def decode_step(
     x_ND = params.embed[tokens_N].astype(jnp.dtype(model_cfg.dtype))
     if cache.unrolled:
         x_ND, cache = _unrolled_layers(
-            x_ND, layers, cache, positions_N, prompt_mask_NP, slot, model_cfg
+            x_ND, layers, cache, rope_N, prompt_mask_NP, slot, model_cfg, windows
         )
     else:
         x_ND, cache = _scan_layers(
-            x_ND, params, cache, positions_N, prompt_mask_NP, slot, model_cfg, windows
+            x_ND, params, cache, rope_N, prompt_mask_NP, slot, model_cfg, windows
         )
     x_ND = transformer.rms_norm(x_ND, params.final_norm, model_cfg.norm_eps)
     return transformer.logits_from_hidden(params, x_ND[:, None], model_cfg)[:, 0], cache

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Sequence
 
 import jax
@@ -44,7 +45,7 @@ FINISH_STOP = 2  # completed one of `stop_sequences`
 FINISH_NAMES = ("length", "eos", "stop")
 METHODS = ("sample", "greedy")
 
-# Width of the blocks of the two-level inverse-CDF draw (see `_draw`).
+# The blocks of the two-level inverse-CDF draw (see `_draw`) are a multiple of this wide.
 _DRAW_BLOCK = 128
 
 
@@ -74,8 +75,8 @@ class SamplerConfig:
       think_budget: after this many tokens inside an open thinking block, `think_stop` is
         injected; 0 disables the budget.
       think_stop: the injected early-stop text, which must end with `think_close`.
-      attention_chunk: in the "scan" layer loop, decode attention reads the filled cache prefix
-        rounded up to a multiple of this many slots past the prompt; 0 reads the whole cache.
+      attention_chunk: decode attention reads the filled cache prefix rounded up to a multiple
+        of this many slots past the prompt; 0 reads the whole cache.
       layer_loop: "scan", "unroll" or "auto" (unroll on CPU); see `rlvr_jax.decode`.
       cache_dtype: dtype of the KV cache; None means the model's compute dtype.
     """
@@ -356,30 +357,44 @@ def _last_true(cond_NB: Array) -> Array:
     return jnp.max(jnp.where(cond_NB, jnp.arange(cond_NB.shape[-1]), 0), axis=-1)
 
 
+def _draw_block(vocab_size: int) -> int:
+    """Block width of `_draw`: about sqrt(V), so that both levels' prefix sums are short."""
+    return min(vocab_size, _DRAW_BLOCK * math.ceil(math.sqrt(vocab_size) / _DRAW_BLOCK))
+
+
+def _prefix_sums(x_NB: Array) -> Array:
+    """Inclusive cumulative sums along the last axis, as one matmul with a triangular matrix of
+    ones. XLA:CPU lowers `cumsum` to a reduce-window that took a tenth of a tiny model's decode
+    step; B is about sqrt(V), so the matrix is small."""
+    B = x_NB.shape[-1]
+    upper_BB = jnp.triu(jnp.ones((B, B), jnp.float32))
+    return jnp.dot(x_NB, upper_BB, precision=jax.lax.Precision.HIGHEST)
+
+
 def _draw(x_NV: Array, u_N: Array) -> tuple[Array, Array]:
     """Draws one index per row from softmax(x) (-inf entries excluded) by inverse CDF.
 
-    Two levels, blocks of `_DRAW_BLOCK` then tokens, so no cumsum runs over all of V and only one
-    uniform per row is drawn (Gumbel-max needs V per row, ~30x slower on CPU). `u_N` is in (0, 1].
-    Only tokens with nonzero mass can be returned, whatever the f32 rounding.
+    Two levels, blocks of about sqrt(V) then tokens, so no prefix sum runs over all of V and only
+    one uniform per row is drawn (Gumbel-max needs V per row, ~30x slower on CPU). `u_N` is in
+    (0, 1]. Only tokens with nonzero mass can be returned, whatever the f32 rounding.
 
     Returns:
       (index_N int32, log-prob_N f32 of that index under softmax(x)).
     """
     N, V = x_NV.shape
-    Bk = min(_DRAW_BLOCK, V)
+    Bk = _draw_block(V)
     nb = -(-V // Bk)
     xp = jnp.pad(x_NV, ((0, 0), (0, nb * Bk - V)), constant_values=-jnp.inf)
     top_N = jnp.max(xp, axis=-1)
     p_NbB = jnp.exp(xp - top_N[:, None]).reshape(N, nb, Bk)
     mass_Nb = jnp.sum(p_NbB, axis=-1)
-    cdf_Nb = jnp.cumsum(mass_Nb, axis=-1)
+    cdf_Nb = _prefix_sums(mass_Nb)
     total_N = cdf_Nb[:, -1]
     target_N = u_N * total_N
     b = _first_true((cdf_Nb >= target_N[:, None]) & (mass_Nb > 0), _last_true(mass_Nb > 0))
     below_N = jnp.take_along_axis(cdf_Nb - mass_Nb, b[:, None], axis=-1)[:, 0]
     block_NB = jnp.take_along_axis(p_NbB, b[:, None, None], axis=1)[:, 0]
-    cdf_NB = below_N[:, None] + jnp.cumsum(block_NB, axis=-1)
+    cdf_NB = below_N[:, None] + _prefix_sums(block_NB)
     j = _first_true((cdf_NB >= target_N[:, None]) & (block_NB > 0), _last_true(block_NB > 0))
     idx_N = b * Bk + j
     x_at = jnp.take_along_axis(xp, idx_N[:, None], axis=-1)[:, 0]
@@ -585,15 +600,19 @@ def _generate(
     state = _emit(state, logits_NV, sp, cfg)
     windows = decode.attention_windows(P, num_cache_slots(P, cfg), cfg.attention_chunk)
     layers = decode.unstack_layers(params) if cache.unrolled else None
+    # RoPE of every fed token, built once: the token fed at step t sits at position len + t - 1.
+    positions_TN = prompt_lengths_N[None, :] + jnp.arange(T)[:, None]
+    cos_TNh, sin_TNh = transformer.rope_tables(positions_TN, model_cfg, jnp.float32)
 
     def body(s: _State) -> _State:
         fed = s.step - 1  # index of the token fed now
+        row = lambda table: jax.lax.dynamic_index_in_dim(table, fed, keepdims=False)
         logits, cache = decode.decode_step(
             params,
             layers,
             s.cache,
             s.last_N,
-            prompt_lengths_N + fed,
+            (row(cos_TNh), row(sin_TNh)),
             prompt_mask_NP,
             P + fed,
             model_cfg,

@@ -568,9 +568,9 @@ def test_a_reused_cache_gives_the_same_rollout(tiny):
 
 
 def test_rows_are_independent_of_the_batch_and_of_attention_chunking(tiny):
-    """Rows 0-1 alone, in the scan loop reading the cache in chunks of 3, equal rows 0-1 of a
-    batch of 8 in the unrolled loop reading the whole cache: per-row streams, and two layer
-    loops with the same numbers."""
+    """Rows 0-1 alone, in either layer loop reading the cache in chunks of 3, equal rows 0-1 of
+    a batch of 8 in the unrolled loop reading the whole cache: per-row streams, and two layer
+    loops and two attention spans with the same numbers."""
     _, params, cfg = tiny("llama")
     small, small_len = sampling.bucket_and_pad(PROMPTS[:2], (16,), pad_id=0)
     big, big_len = sampling.bucket_and_pad(PROMPTS[:2] + PROMPTS[::-1] + PROMPTS[2:], (16,), 0)
@@ -589,11 +589,21 @@ def test_rows_are_independent_of_the_batch_and_of_attention_chunking(tiny):
         big_len,
         jax.random.key(7),
         cfg,
-        SamplerConfig(max_new_tokens=11, layer_loop="unroll"),
+        SamplerConfig(max_new_tokens=11, attention_chunk=0, layer_loop="unroll"),
         sampling.sampling_params(8, temperature=0.8),
     )
-    np.testing.assert_array_equal(np.asarray(a.tokens_NT), np.asarray(b.tokens_NT)[:2])
-    np.testing.assert_allclose(np.asarray(a.logp_NT), np.asarray(b.logp_NT)[:2], atol=1e-5)
+    c = sampling.sample(
+        params,
+        small,
+        small_len,
+        jax.random.key(7),
+        cfg,
+        SamplerConfig(max_new_tokens=11, attention_chunk=3, layer_loop="unroll"),
+        sampling.sampling_params(2, temperature=0.8),
+    )
+    for x in (a, c):
+        np.testing.assert_array_equal(np.asarray(x.tokens_NT), np.asarray(b.tokens_NT)[:2])
+        np.testing.assert_allclose(np.asarray(x.logp_NT), np.asarray(b.logp_NT)[:2], atol=1e-5)
     assert (np.asarray(b.tokens_NT)[0] != np.asarray(b.tokens_NT)[5]).any()
 
 

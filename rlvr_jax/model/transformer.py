@@ -167,14 +167,27 @@ def inv_frequencies(cfg: ModelConfig) -> np.ndarray:
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def apply_rope(x_BTNd: Array, positions_BT: Array, cfg: ModelConfig) -> Array:
-    """Rotary embedding in the Hugging Face (rotate-half) layout, angles computed in f32."""
+def rope_tables(positions_BT: Array, cfg: ModelConfig, dtype) -> tuple[Array, Array]:
+    """cos and sin (B, T, Dh/2) of the RoPE angles of `positions_BT`, computed in f32.
+
+    Computed once per forward (not per layer): XLA fuses trigonometry into each consumer, so a
+    table built inside the layer would be recomputed for every head of every layer.
+    """
     inv = jnp.asarray(inv_frequencies(cfg))
-    angles = positions_BT.astype(jnp.float32)[..., None] * inv  # (B, T, Dh/2)
-    cos = jnp.cos(angles)[:, :, None, :].astype(x_BTNd.dtype)
-    sin = jnp.sin(angles)[:, :, None, :].astype(x_BTNd.dtype)
+    angles = positions_BT.astype(jnp.float32)[..., None] * inv
+    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+
+def rotate(x_BTNd: Array, cos_BTh: Array, sin_BTh: Array) -> Array:
+    """Applies the rotation of `rope_tables` in the Hugging Face (rotate-half) layout."""
+    cos, sin = cos_BTh[..., None, :], sin_BTh[..., None, :]
     x1, x2 = jnp.split(x_BTNd, 2, axis=-1)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def apply_rope(x_BTNd: Array, positions_BT: Array, cfg: ModelConfig) -> Array:
+    """Rotary embedding in the Hugging Face (rotate-half) layout, angles computed in f32."""
+    return rotate(x_BTNd, *rope_tables(positions_BT, cfg, x_BTNd.dtype))
 
 
 def attention(
@@ -192,17 +205,10 @@ def attention(
     return out.reshape(B, T, H, Dh)
 
 
-def _layer(
-    x_BTD: Array,
-    w: Layers,
-    positions_BT: Array,
-    mask_BTS: Array,
-    kv: tuple[Array, Array] | None,
-    write_index: Array | None,
-    cfg: ModelConfig,
-) -> tuple[Array, tuple[Array, Array] | None]:
-    """One pre-norm block. With `kv` (this layer's cache) the new keys are written at
-    `write_index` and attention reads the whole cache; otherwise it reads the new keys only."""
+def _qkv(
+    x_BTD: Array, w: Layers, rope: tuple[Array, Array], cfg: ModelConfig
+) -> tuple[Array, Array, Array]:
+    """Queries (B, T, H, Dh), keys and values (B, T, K, Dh) of a block's input, RoPE applied."""
     dt = x_BTD.dtype
     h = rms_norm(x_BTD, w.attn_norm, cfg.norm_eps)
     q = jnp.einsum("btd,dhk->bthk", h, w.q.astype(dt))
@@ -213,8 +219,32 @@ def _layer(
     if w.q_norm is not None:
         q = rms_norm(q, w.q_norm, cfg.norm_eps)
         k = rms_norm(k, w.k_norm, cfg.norm_eps)
-    q = apply_rope(q, positions_BT, cfg)
-    k = apply_rope(k, positions_BT, cfg)
+    return rotate(q, *rope), rotate(k, *rope), v
+
+
+def _out_and_mlp(x_BTD: Array, attn_BTHd: Array, w: Layers, cfg: ModelConfig) -> Array:
+    """The rest of a block after attention: output projection, residual, and the MLP."""
+    dt = x_BTD.dtype
+    x_BTD = x_BTD + jnp.einsum("bthk,hkd->btd", attn_BTHd, w.o.astype(dt))
+    h = rms_norm(x_BTD, w.mlp_norm, cfg.norm_eps)
+    gate = jnp.einsum("btd,df->btf", h, w.gate.astype(dt))
+    up = jnp.einsum("btd,df->btf", h, w.up.astype(dt))
+    return x_BTD + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w.down.astype(dt))
+
+
+def _layer(
+    x_BTD: Array,
+    w: Layers,
+    rope: tuple[Array, Array],
+    mask_BTS: Array,
+    kv: tuple[Array, Array] | None,
+    write_index: Array | None,
+    cfg: ModelConfig,
+) -> tuple[Array, tuple[Array, Array] | None]:
+    """One pre-norm block. With `kv` (this layer's cache) the new keys are written at
+    `write_index` and attention reads the whole cache; otherwise it reads the new keys only."""
+    dt = x_BTD.dtype
+    q, k, v = _qkv(x_BTD, w, rope, cfg)
     if kv is not None:
         cache_k, cache_v = kv
         start = (0, write_index, 0, 0)
@@ -222,13 +252,7 @@ def _layer(
         cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
         kv = (cache_k, cache_v)
         k, v = cache_k.astype(dt), cache_v.astype(dt)
-    attn = attention(q, k, v, mask_BTS, cfg)
-    x_BTD = x_BTD + jnp.einsum("bthk,hkd->btd", attn, w.o.astype(dt))
-    h = rms_norm(x_BTD, w.mlp_norm, cfg.norm_eps)
-    gate = jnp.einsum("btd,df->btf", h, w.gate.astype(dt))
-    up = jnp.einsum("btd,df->btf", h, w.up.astype(dt))
-    x_BTD = x_BTD + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w.down.astype(dt))
-    return x_BTD, kv
+    return _out_and_mlp(x_BTD, attention(q, k, v, mask_BTS, cfg), w, cfg), kv
 
 
 def hidden_states(
@@ -269,9 +293,11 @@ def hidden_states(
         causal_TS = jnp.arange(S)[None, :] <= query_slot_T[:, None]
         mask_BTS = causal_TS[None] & key_mask_BS[:, None, :]
 
+    rope = rope_tables(positions_BT, cfg, dt)
+
     def body(x, xs):
         w, kv = xs
-        x, kv = _layer(sharding.constrain_rows(x), w, positions_BT, mask_BTS, kv, write_index, cfg)
+        x, kv = _layer(sharding.constrain_rows(x), w, rope, mask_BTS, kv, write_index, cfg)
         return sharding.constrain_rows(x), kv
 
     if cfg.remat:
