@@ -310,6 +310,97 @@ def hidden_states(
     return x, cache
 
 
+def _grouped_attention(
+    q_NTHd: Array,
+    kp_BPKd: Array,
+    vp_BPKd: Array,
+    kc_NTKd: Array,
+    vc_NTKd: Array,
+    prompt_mask_BP: Array,
+    mask_NTT: Array,
+    cfg: ModelConfig,
+) -> Array:
+    """Attention of completion rows over their group's shared prompt and their own prefix.
+
+    Row n = b * G + g attends to prompt b's keys (where real) and to its own completion keys under
+    `mask_NTT`; one softmax over both. The prompt's keys are read per group, never repeated G times.
+    """
+    N, T, H, Dh = q_NTHd.shape
+    B, P, K, _ = kp_BPKd.shape
+    G = N // B
+    q = q_NTHd.reshape(B, G, T, K, H // K, Dh)
+    kc = kc_NTKd.reshape(B, G, T, K, Dh)
+    vc = vc_NTKd.reshape(B, G, T, K, Dh)
+    f32 = jnp.float32
+    scale = 1.0 / math.sqrt(Dh)
+    s_prompt = jnp.einsum("bgtkhd,bpkd->bgkhtp", q, kp_BPKd, preferred_element_type=f32) * scale
+    s_self = jnp.einsum("bgtkhd,bgskd->bgkhts", q, kc, preferred_element_type=f32) * scale
+    s_prompt = jnp.where(prompt_mask_BP[:, None, None, None, None, :], s_prompt, _MASK_VALUE)
+    s_self = jnp.where(mask_NTT.reshape(B, G, 1, 1, T, T), s_self, _MASK_VALUE)
+    scores = jnp.concatenate([s_prompt, s_self], axis=-1)
+    probs = jax.nn.softmax(scores, axis=-1).astype(vc.dtype)
+    out = jnp.einsum("bgkhtp,bpkd->bgtkhd", probs[..., :P], vp_BPKd)
+    out = out + jnp.einsum("bgkhts,bgskd->bgtkhd", probs[..., P:], vc)
+    return out.reshape(N, T, H, Dh)
+
+
+def grouped_hidden_states(
+    params: Params,
+    prompt_BP: Array,
+    prompt_mask_BP: Array,
+    prompt_positions_BP: Array,
+    completion_NT: Array,
+    completion_mask_NT: Array,
+    completion_positions_NT: Array,
+    cfg: ModelConfig,
+) -> tuple[Array, Array]:
+    """`hidden_states` of B prompts and their N = B x G completions, each prompt run once.
+
+    Row n of the completions follows prompt n // G. The result equals `hidden_states` over the N
+    rows [prompt n // G, completion n] split at the prompt (the tests hold it to that), at about
+    B x P + N x T token positions of work instead of N x (P + T): a group's G samples share one
+    prompt, so its layers, and their gradients, run once.
+
+    Args:
+      params: the weights.
+      prompt_BP, prompt_mask_BP, prompt_positions_BP: the prompts (left-padded), their real
+        tokens and RoPE positions.
+      completion_NT, completion_mask_NT, completion_positions_NT: the same for the completions;
+        masked completion tokens are never attended to.
+      cfg: the architecture.
+
+    Returns:
+      Final-norm hidden states (B, P, D) of the prompts and (N, T, D) of the completions.
+    """
+    B, P = prompt_BP.shape
+    N, T = completion_NT.shape
+    if N % B:
+        raise ValueError(f"{N} completion rows do not split into groups of the {B} prompts")
+    dt = jnp.dtype(cfg.dtype)
+    prompt_mask_BP = prompt_mask_BP.astype(bool)
+    causal_TT = jnp.tril(jnp.ones((T, T), bool))
+    mask_NTT = causal_TT[None] & completion_mask_NT.astype(bool)[:, None, :]
+    mask_BPP = jnp.tril(jnp.ones((P, P), bool))[None] & prompt_mask_BP[:, None, :]
+    rope_p = rope_tables(prompt_positions_BP, cfg, dt)
+    rope_c = rope_tables(completion_positions_NT, cfg, dt)
+
+    def body(carry, w):
+        xp, xc = (sharding.constrain_rows(x) for x in carry)
+        qp, kp, vp = _qkv(xp, w, rope_p, cfg)
+        qc, kc, vc = _qkv(xc, w, rope_c, cfg)
+        attn_p = attention(qp, kp, vp, mask_BPP, cfg)
+        attn_c = _grouped_attention(qc, kp, vp, kc, vc, prompt_mask_BP, mask_NTT, cfg)
+        xp, xc = _out_and_mlp(xp, attn_p, w, cfg), _out_and_mlp(xc, attn_c, w, cfg)
+        return (sharding.constrain_rows(xp), sharding.constrain_rows(xc)), None
+
+    if cfg.remat:
+        body = jax.checkpoint(body, prevent_cse=False)
+    x = (params.embed[prompt_BP].astype(dt), params.embed[completion_NT].astype(dt))
+    (xp, xc), _ = jax.lax.scan(body, x, params.layers)
+    final = lambda x: rms_norm(x, params.final_norm, cfg.norm_eps)  # noqa: E731
+    return final(xp), final(xc)
+
+
 def logits_from_hidden(params: Params, h_BTD: Array, cfg: ModelConfig) -> Array:
     """Vocabulary logits (B, T, V) in f32 from final hidden states."""
     dt = h_BTD.dtype

@@ -15,7 +15,12 @@ import jax.numpy as jnp
 
 from rlvr_jax import sharding
 from rlvr_jax.model.config import ModelConfig
-from rlvr_jax.model.transformer import Params, hidden_states, logits_from_hidden
+from rlvr_jax.model.transformer import (
+    Params,
+    grouped_hidden_states,
+    hidden_states,
+    logits_from_hidden,
+)
 
 Array = jax.Array
 
@@ -124,3 +129,47 @@ def next_token_logprobs(
         chunk_size,
         temperature,
     )
+
+
+def grouped_next_token_logprobs(
+    params: Params,
+    tokens_NS: Array,
+    positions_NS: Array,
+    cfg: ModelConfig,
+    mask_NS: Array,
+    group_size: int,
+    prompt_len: int,
+    chunk_size: int = 256,
+    temperature: float | Array = 1.0,
+) -> tuple[Array, Array]:
+    """`next_token_logprobs(..., first_target=prompt_len)` for rows in groups that share a prompt,
+    with each group's prompt run through the model once (`transformer.grouped_hidden_states`).
+
+    Rows b * G .. b * G + G - 1 must hold the same first `prompt_len` tokens, mask and positions
+    (one prompt's samples, as `sampling.bucket_and_pad` lays them out); only the group's first
+    row's prompt is read.
+
+    Returns:
+      logp and entropy of the completion tokens, each (N, S - prompt_len) f32.
+    """
+    N, S = tokens_NS.shape
+    G, P = group_size, prompt_len
+    if N % G:
+        raise ValueError(f"{N} rows do not split into groups of {G}")
+    if not 1 <= P < S:
+        raise ValueError(f"prompt_len={P} must be in [1, S={S})")
+    first = lambda x: x[::G, :P]  # noqa: E731
+    h_BPD, h_NTD = grouped_hidden_states(
+        params,
+        first(tokens_NS),
+        first(mask_NS),
+        first(positions_NS),
+        tokens_NS[:, P:],
+        mask_NS[:, P:],
+        positions_NS[:, P:],
+        cfg,
+    )
+    # The last prompt position predicts the first completion token, for each of the G rows.
+    h_last = jnp.repeat(h_BPD[:, -1:], G, axis=0)
+    h_NTD = jnp.concatenate([h_last, h_NTD[:, :-1]], axis=1)
+    return token_logprobs(params, h_NTD, tokens_NS[:, P:], cfg, chunk_size, temperature)

@@ -13,6 +13,7 @@ Rows are ordered `b * G + g` (sample g of prompt b) throughout.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,7 @@ from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import positions_from_mask
 from rlvr_jax.rl import advantages as adv_lib
 from rlvr_jax.rl import losses
-from rlvr_jax.rl.logprobs import next_token_logprobs
+from rlvr_jax.rl.logprobs import grouped_next_token_logprobs, next_token_logprobs
 from rlvr_jax.rl.state import TrainState
 
 Array = jax.Array
@@ -54,6 +55,11 @@ class RLConfig:
         pre-update parameters, as "groups/grad_norm" (B,), with its success rate
         "groups/success_rate" (B,). One extra backward pass per group (a diagnostic; the std
         scaling's re-weighting of prompts shows in it).
+      shared_prompt_forward: in the update's forwards (policy, old and reference log-probs), run
+        each group's prompt once instead of G times (`transformer.grouped_hidden_states`; same
+        numbers). It applies where a forward sees whole groups in order: always for the old and
+        reference log-probs; for the policy loss when there is one minibatch (minibatches
+        shuffle rows, not groups) and each microbatch holds whole groups.
       advantage: the advantage estimator.
       loss: the policy objective.
       sampler: static sampler settings (max_new_tokens, eos ids, stops, top_k, think budget).
@@ -72,6 +78,7 @@ class RLConfig:
     logprob_chunk: int = 256
     mask_truncated: bool = False
     group_grad_norms: bool = False
+    shared_prompt_forward: bool = True
 
     def __post_init__(self):
         for name in ("group_size", "mu", "num_minibatches", "num_microbatches", "logprob_chunk"):
@@ -145,7 +152,21 @@ def _sequences(rollout: sampling.Rollout) -> tuple[Array, Array, Array]:
     return seq, seq_mask, positions_from_mask(seq_mask)
 
 
-def _logprobs(params, rows: _Rows, P: int, model_cfg: ModelConfig, rl: RLConfig):
+def _logprobs(params, rows: _Rows, P: int, model_cfg: ModelConfig, rl: RLConfig, grouped: bool):
+    """Log-probs and entropies of the completions; `grouped`: the rows are whole groups in
+    order, so each group's prompt can run once."""
+    if grouped and rl.shared_prompt_forward:
+        return grouped_next_token_logprobs(
+            params,
+            rows.seq_NS,
+            rows.positions_NS,
+            model_cfg,
+            rows.seq_mask_NS,
+            group_size=rl.group_size,
+            prompt_len=P,
+            chunk_size=rl.logprob_chunk,
+            temperature=rl.temperature,
+        )
     return next_token_logprobs(
         params,
         rows.seq_NS,
@@ -235,7 +256,7 @@ def _update(
 
     ref_logp = None
     if state.ref_params is not None:
-        ref_logp, _ = _logprobs(state.ref_params, rows, P, model_cfg, rl)
+        ref_logp, _ = _logprobs(state.ref_params, rows, P, model_cfg, rl, grouped=True)
         ref_logp = jax.lax.stop_gradient(ref_logp)
     if rl.loss.kl_beta > 0 and rl.loss.kl_in == "reward":
         rewards_N = losses.kl_penalized_rewards(
@@ -249,14 +270,18 @@ def _update(
         rows = dataclasses.replace(rows, loss_mask_NT=loss_mask)
     old_logp = None
     if not rl.on_policy:
-        old_logp = jax.lax.stop_gradient(_logprobs(state.params, rows, P, model_cfg, rl)[0])
+        old_logp = _logprobs(state.params, rows, P, model_cfg, rl, grouped=True)[0]
+        old_logp = jax.lax.stop_gradient(old_logp)
     rows = dataclasses.replace(
         rows, adv_N=adv_BG.reshape(-1), old_logp_NT=old_logp, ref_logp_NT=ref_logp
     )
     use_ref_in_loss = rl.loss.kl_in_loss
+    # Microbatches hold whole groups in order when rows are not shuffled and split on groups.
+    micro_rows = N // (rl.num_minibatches * rl.num_microbatches)
+    micro_grouped = rl.num_minibatches == 1 and micro_rows % G == 0
 
-    def micro_loss(params, mb: _Rows, normalizer):
-        logp, entropy = _logprobs(params, mb, P, model_cfg, rl)
+    def micro_loss(params, mb: _Rows, normalizer, grouped=micro_grouped):
+        logp, entropy = _logprobs(params, mb, P, model_cfg, rl, grouped)
         old = jax.lax.stop_gradient(logp) if mb.old_logp_NT is None else mb.old_logp_NT
         return losses.policy_loss(
             logp,
@@ -320,8 +345,9 @@ def _update(
         # the groups sum to the full-batch gradient. lax.map keeps one gradient live at a time.
         z = losses.loss_normalizer(rows.loss_mask_NT, rl.loss.aggregation, T)
         by_group = jax.tree.map(lambda x: x.reshape(N // G, G, *x.shape[1:]), rows)
+        group_grad = jax.grad(functools.partial(micro_loss, grouped=True), has_aux=True)
         out["groups/grad_norm"] = jax.lax.map(
-            lambda one: optax.global_norm(grad_fn(state.params, one, z)[0]), by_group
+            lambda one: optax.global_norm(group_grad(state.params, one, z)[0]), by_group
         )
         out["groups/success_rate"] = jnp.mean(out["rows/correct"].reshape(-1, G), axis=1)
     new_state = TrainState(

@@ -141,6 +141,63 @@ def test_next_token_logprobs_on_left_padded_prompt_plus_completion():
     np.testing.assert_allclose(ent, -jnp.sum(jnp.exp(ref_NTV) * ref_NTV, -1), rtol=1e-5, atol=1e-5)
 
 
+def _groups(rng, B=3, G=4, P=6, C=5):
+    """B left-padded prompts (lengths P, 3, 1) repeated G times, and completions that stop early
+    in two rows; the flat rows [prompt, completion] and their mask and positions."""
+    prompt = rng.integers(0, V, (B, P))
+    prompt_mask = np.arange(P)[None] >= (P - np.array([P, 3, 1]))[:, None]
+    completion_mask = np.ones((B * G, C), bool)
+    completion_mask[1, 3:] = completion_mask[5, 1:] = False
+    mask = np.concatenate([np.repeat(prompt_mask, G, 0), completion_mask], 1)
+    seq = np.concatenate([np.repeat(prompt, G, 0), rng.integers(0, V, (B * G, C))], 1)
+    seq = jnp.asarray(np.where(mask, seq, 0))
+    mask = jnp.asarray(mask)
+    return seq, mask, tf.positions_from_mask(mask), completion_mask
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_grouped_prompts_equal_the_flat_rows_in_value_and_gradient(remat):
+    """Each group's prompt run once gives the flat forward's log-probs, entropies and gradients."""
+    import dataclasses
+
+    cfg = dataclasses.replace(_cfg(tie=True), num_layers=2, remat=remat)
+    rng = np.random.default_rng(5)
+    params = _random_params(rng, cfg)
+    seq, mask, positions, completion_mask = _groups(rng)
+    P, G = 6, 4
+    flat = lambda p: logprobs.next_token_logprobs(p, seq, positions, cfg, mask, P, 3, 0.9)  # noqa: E731
+    grouped = lambda p: logprobs.grouped_next_token_logprobs(  # noqa: E731
+        p, seq, positions, cfg, mask, G, P, 3, 0.9
+    )
+    (lf, ef), (lg, eg) = jax.jit(flat)(params), jax.jit(grouped)(params)
+    np.testing.assert_allclose(lg * completion_mask, lf * completion_mask, atol=2e-5)
+    np.testing.assert_allclose(eg * completion_mask, ef * completion_mask, atol=2e-5)
+    # A loss that weights every token differently, so each row's gradient path counts.
+    w = jnp.asarray(rng.normal(size=lf.shape)) * completion_mask
+    loss = lambda f: lambda p: jnp.sum(f(p)[0] * w) + 0.1 * jnp.sum(f(p)[1] * w)  # noqa: E731
+    gf, gg = jax.jit(jax.grad(loss(flat)))(params), jax.jit(jax.grad(loss(grouped)))(params)
+    for a, b in zip(jax.tree.leaves(gf), jax.tree.leaves(gg), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_grouped_prompts_read_each_groups_own_prompt():
+    """Swapping two prompts changes exactly their groups' log-probs: no row reads another's."""
+    cfg = _cfg(tie=False)
+    rng = np.random.default_rng(6)
+    params = _random_params(rng, cfg)
+    seq, mask, positions, _ = _groups(rng)
+    run = jax.jit(logprobs.grouped_next_token_logprobs, static_argnums=(3, 5, 6))
+    base, _ = run(params, seq, positions, cfg, mask, 4, 6)
+    other = seq.at[4:8, :6].set(seq[0, :6])  # group 1 now holds group 0's prompt (and mask)
+    other_mask = mask.at[4:8, :6].set(mask[0, :6])
+    moved, _ = run(params, other, tf.positions_from_mask(other_mask), cfg, other_mask, 4, 6)
+    assert not np.allclose(moved[4:8], base[4:8])
+    np.testing.assert_allclose(moved[:4], base[:4], atol=1e-6)
+    np.testing.assert_allclose(moved[8:], base[8:], atol=1e-6)
+    with pytest.raises(ValueError, match="groups of 5"):
+        logprobs.grouped_next_token_logprobs(params, seq, positions, cfg, mask, 5, 6)
+
+
 def test_bad_arguments_raise():
     cfg, params, h, targets = _setup(tie=True)
     with pytest.raises(ValueError, match="chunk_size"):

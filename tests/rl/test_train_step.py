@@ -125,6 +125,34 @@ def test_microbatches_give_the_full_batch_update(task, aggregation):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(num_microbatches=2),  # the policy forward, on whole groups
+        dict(mu=2, loss=losses.LossConfig(kl_beta=0.05)),  # old and reference log-probs too
+        dict(num_minibatches=2, group_grad_norms=True),  # shuffled rows: only per-group norms
+    ],
+)
+def test_shared_prompt_forward_gives_the_same_update(task, kwargs):
+    """Each group's prompt run once (the default) or G times: the same step, to float noise."""
+    cfg, _, batch, _ = task
+    results = []
+    for shared in (True, False):
+        rl, _, sched, reward_fn, state = _build(task, shared_prompt_forward=shared, **kwargs)
+        sgd = optax.sgd(0.1)
+        state = dataclasses.replace(state, opt_state=sgd.init(state.params))
+        step = ts.build_train_step(cfg, rl, sgd, sched, reward_fn)
+        results.append(step(state, batch(6, b=16)))
+    (new_a, m_a), (new_b, m_b) = results
+    assert float(m_a["grad_norm"]) > 0
+    np.testing.assert_allclose(float(m_a["grad_norm"]), float(m_b["grad_norm"]), rtol=1e-4)
+    for x, y in zip(jax.tree.leaves(new_a.params), jax.tree.leaves(new_b.params), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+    assert m_a.keys() == m_b.keys()
+    for k in m_a:  # the KL to the reference, the per-group gradient norms, ...
+        np.testing.assert_allclose(np.asarray(m_a[k]), np.asarray(m_b[k]), rtol=1e-4, atol=1e-6)
+
+
 def test_off_policy_minibatches_kl_and_metrics(task):
     cfg, _, batch, _ = task
     loss = losses.LossConfig(clip_low=0.1, clip_high=0.1, kl_beta=0.05, kl_estimator="k3")
