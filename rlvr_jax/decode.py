@@ -85,12 +85,18 @@ def prefill(
     prompt_mask_NP: Array,
     cache: DecodeCache,
     model_cfg: ModelConfig,
+    group: int = 1,
 ) -> tuple[Array, DecodeCache]:
     """Runs the prompts, writes their keys/values into slots [0, P) of `cache` (in place).
+
+    With `group` > 1 the rows come in groups of that many copies of one prompt (rows
+    b * group .. b * group + group - 1, as `sampling.bucket_and_pad` repeats them): each group's
+    prompt runs once and its keys, values and logits are copied to the group's rows.
 
     Returns:
       (logits (N, V) f32 of the last prompt position, cache).
     """
+    prompt_NP, prompt_mask_NP = prompt_NP[::group], prompt_mask_NP[::group]
     N, P = prompt_NP.shape
     shape = (model_cfg.num_layers, N, P, model_cfg.num_kv_heads, model_cfg.head_dim)
     dt = (cache.k[0] if cache.unrolled else cache.k).dtype
@@ -109,6 +115,9 @@ def prefill(
     logits_NV = transformer.logits_from_hidden(params, h_NPD[:, -1:], model_cfg)[:, 0]
     k_LNKPd = kv.k.transpose(0, 1, 3, 2, 4)
     v_LNKPd = kv.v.transpose(0, 1, 3, 2, 4)
+    if group > 1:
+        logits_NV = jnp.repeat(logits_NV, group, axis=0)
+        k_LNKPd, v_LNKPd = (jnp.repeat(x, group, axis=1) for x in (k_LNKPd, v_LNKPd))
     put = jax.lax.dynamic_update_slice
     if cache.unrolled:
         return logits_NV, DecodeCache(

@@ -79,6 +79,9 @@ class SamplerConfig:
         of this many slots past the prompt; 0 reads the whole cache.
       layer_loop: "scan", "unroll" or "auto" (unroll on CPU); see `rlvr_jax.decode`.
       cache_dtype: dtype of the KV cache; None means the model's compute dtype.
+      prompt_group: rows come in groups of this many copies of one prompt
+        (`bucket_and_pad(..., group_size)`): each group's prompt is prefilled once and its
+        keys/values copied to the group's rows. 1 prefills every row.
     """
 
     max_new_tokens: int
@@ -94,6 +97,7 @@ class SamplerConfig:
     attention_chunk: int = 32
     layer_loop: str = "auto"
     cache_dtype: str | None = None
+    prompt_group: int = 1
 
     def __post_init__(self):
         setf = functools.partial(object.__setattr__, self)
@@ -111,6 +115,8 @@ class SamplerConfig:
             raise ValueError(
                 f"layer_loop={self.layer_loop!r}; expected one of {decode.LAYER_LOOPS}"
             )
+        if self.prompt_group < 1:
+            raise ValueError(f"prompt_group={self.prompt_group} must be at least 1")
         if self.think_budget < 0:
             raise ValueError(f"think_budget={self.think_budget} must be >= 0 (0 disables it)")
         setf("eos_ids", _int_tuple("eos_ids", self.eos_ids))
@@ -567,6 +573,8 @@ def _generate(
                 f"cache leaves start {got}; {N} rows of bucket {P} with layer_loop="
                 f"{cfg.layer_loop!r} need {want} (see init_decode_cache)"
             )
+    if N % cfg.prompt_group:
+        raise ValueError(f"{N} rows do not split into groups of prompt_group={cfg.prompt_group}")
     for field in dataclasses.fields(sp):
         name, x = field.name, getattr(sp, field.name)
         if x.shape != (N,):
@@ -575,7 +583,9 @@ def _generate(
     prompt_lengths_N = prompt_lengths_N.astype(jnp.int32)
     prompt_mask_NP = jnp.arange(P)[None, :] >= (P - prompt_lengths_N)[:, None]
 
-    logits_NV, cache = decode.prefill(params, prompt_NP, prompt_mask_NP, cache, model_cfg)
+    logits_NV, cache = decode.prefill(
+        params, prompt_NP, prompt_mask_NP, cache, model_cfg, cfg.prompt_group
+    )
     if cfg.think_budget:
         in_think = _prompt_in_think(prompt_NP, prompt_mask_NP, cfg)
     else:

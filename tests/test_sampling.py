@@ -567,6 +567,26 @@ def test_a_reused_cache_gives_the_same_rollout(tiny):
         run(prompt, lengths, sampling.init_decode_cache(cfg, scfg, N, 8))
 
 
+def test_prompt_group_prefills_once_and_samples_the_same(tiny):
+    """prompt_group=G (one prefill per group) gives what prefilling every row gives."""
+    _, params, cfg = tiny("qwen2")
+    prompt, lengths = sampling.bucket_and_pad(PROMPTS, (16,), pad_id=0, group_size=3)
+    out = []
+    for group in (1, 3):
+        scfg = SamplerConfig(max_new_tokens=9, prompt_group=group)
+        sp = sampling.sampling_params(len(prompt), temperature=0.9)
+        out.append(sampling.sample(params, prompt, lengths, jax.random.key(4), cfg, scfg, sp))
+    np.testing.assert_array_equal(np.asarray(out[0].tokens_NT), np.asarray(out[1].tokens_NT))
+    np.testing.assert_allclose(np.asarray(out[0].logp_NT), np.asarray(out[1].logp_NT), atol=1e-5)
+    assert (np.asarray(out[1].tokens_NT)[0] != np.asarray(out[1].tokens_NT)[1]).any()
+    with pytest.raises(ValueError, match="groups of prompt_group=5"):
+        sampling.sample(
+            params, prompt, lengths, jax.random.key(4), cfg, SamplerConfig(4, prompt_group=5)
+        )
+    with pytest.raises(ValueError, match="prompt_group=0"):
+        SamplerConfig(4, prompt_group=0)
+
+
 def test_rows_are_independent_of_the_batch_and_of_attention_chunking(tiny):
     """Rows 0-1 alone, in either layer loop reading the cache in chunks of 3, equal rows 0-1 of
     a batch of 8 in the unrolled loop reading the whole cache: per-row streams, and two layer

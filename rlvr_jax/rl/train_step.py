@@ -55,11 +55,12 @@ class RLConfig:
         pre-update parameters, as "groups/grad_norm" (B,), with its success rate
         "groups/success_rate" (B,). One extra backward pass per group (a diagnostic; the std
         scaling's re-weighting of prompts shows in it).
-      shared_prompt_forward: in the update's forwards (policy, old and reference log-probs), run
-        each group's prompt once instead of G times (`transformer.grouped_hidden_states`; same
-        numbers). It applies where a forward sees whole groups in order: always for the old and
-        reference log-probs; for the policy loss when there is one minibatch (minibatches
-        shuffle rows, not groups) and each microbatch holds whole groups.
+      shared_prompt_forward: run each group's prompt once instead of G times, in the rollout's
+        prefill (`SamplerConfig.prompt_group`) and in the update's forwards
+        (`transformer.grouped_hidden_states`); the same numbers. In the update it applies where a
+        forward sees whole groups in order: always for the old and reference log-probs; for the
+        policy loss when there is one minibatch (minibatches shuffle rows, not groups) and each
+        microbatch holds whole groups.
       advantage: the advantage estimator.
       loss: the policy objective.
       sampler: static sampler settings (max_new_tokens, eos ids, stops, top_k, think budget).
@@ -367,9 +368,12 @@ def _rollout(
 ):
     N, P = batch.prompt_NP.shape
     sp = _sampling_params(rl, N)
+    sampler = rl.sampler
+    if rl.shared_prompt_forward and sampler.prompt_group == 1:
+        sampler = dataclasses.replace(sampler, prompt_group=rl.group_size)  # one prefill a group
     cache = None
     if mesh is not None:  # the cache's own layout (see sharding.py), not left to propagation
-        cache = sampling.init_decode_cache(model_cfg, rl.sampler, N, P)
+        cache = sampling.init_decode_cache(model_cfg, sampler, N, P)
         cache = sharding.shard_decode_cache(cache, model_cfg, mesh)
     rollout, _ = sampling.generate(
         params,
@@ -379,7 +383,7 @@ def _rollout(
         sp,
         cache,
         model_cfg=model_cfg,
-        cfg=rl.sampler,
+        cfg=sampler,
     )
     return rollout
 
