@@ -24,6 +24,9 @@ and one of ours fused run, so that all three see the same load on a shared machi
 Ours is compiled ahead of time (`.lower().compile()`) before the first step; that is the compile
 column, not counted in the steps.
 
+It first prints the rate of one f32 matmul of the SmolLM2 update's shape on each side
+(`--matmuls-only` stops there): the ceiling of a matmul-bound update on these threads.
+
 The process is pinned to `--threads` CPUs (default 1; see `pin_cpus`). The reward is the fraction
 of completion tokens that are digit tokens: a Python function of `completion_ids` for TRL, a table
 lookup over `tokens_NT` for ours.
@@ -489,9 +492,43 @@ def pin_cpus(n: int) -> list[int]:
     return cpus
 
 
+def matmul_rates(rows: int = 640, d: int = 576, f: int = 1536, repeats: int = 20) -> str:
+    """GFLOP/s of one f32 matmul of the SmolLM2 update's MLP shape on each side, forward
+    (rows x d @ d x f) and weight-gradient (d x rows @ rows x f) forms: the ceiling a
+    matmul-bound update can approach on these threads."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, d)).astype(np.float32)
+    w = rng.normal(size=(d, f)).astype(np.float32)
+    dy = rng.normal(size=(rows, f)).astype(np.float32)
+    flops = 2 * rows * d * f
+
+    def rate(fn, *a) -> float:
+        fn(*a)
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn(*a)
+            times.append(time.perf_counter() - t)
+        return flops / float(np.median(times)) / 1e9
+
+    xla = lambda f: lambda *a: jax.block_until_ready(jax.jit(f)(*a))  # noqa: E731
+    fwd = rate(xla(jnp.dot), jnp.asarray(x), jnp.asarray(w))
+    grad = rate(xla(lambda x, dy: x.T @ dy), jnp.asarray(x), jnp.asarray(dy))
+    with torch.inference_mode():
+        t_fwd = rate(torch.mm, torch.from_numpy(x), torch.from_numpy(w))
+        t_grad = rate(lambda x, dy: x.T @ dy, torch.from_numpy(x), torch.from_numpy(dy))
+    return (
+        f"one f32 matmul ({rows} x {d} @ {d} x {f}, and its weight-gradient form): XLA "
+        f"{fwd:.0f} / {grad:.0f} GFLOP/s, torch {t_fwd:.0f} / {t_grad:.0f} GFLOP/s"
+    )
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes, fewer steps")
+    p.add_argument("--matmuls-only", action="store_true", help="print the matmul rates, stop")
     p.add_argument("--models", default="tiny-qwen2,smollm2-135m")
     p.add_argument("--steps", type=int, default=None, help="tiny: measured steps (5; quick 2)")
     p.add_argument("--smollm2-steps", type=int, default=None, help="measured steps (2; quick 1)")
@@ -544,6 +581,9 @@ def main(argv: Sequence[str]) -> None:
         f"trl {trl.__version__}; pinned to CPUs {sorted(os.sched_getaffinity(0))} of "
         f"{os.cpu_count()}; XLA_FLAGS={os.environ.get('XLA_FLAGS', '').strip()!r}"
     )
+    print(matmul_rates(), flush=True)
+    if args.matmuls_only:
+        return
     start = time.perf_counter()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
