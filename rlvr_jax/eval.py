@@ -146,6 +146,7 @@ def generate_and_score(
     T = sampler_cfg.max_new_tokens
     B = batch_prompts
     sp = sampling.sampling_params(B * G, temperature, top_p)
+    sampler_cfg = dataclasses.replace(sampler_cfg, prompt_group=G)  # one prefill per prompt
     correct, lengths, truncated = [], [], []
     for i, start in enumerate(range(0, len(ids), B)):
         chunk = list(range(start, min(start + B, len(ids))))
