@@ -659,7 +659,8 @@ def sample(
     """`generate` with checks of host inputs and default sampling values (temperature 1).
 
     Raises:
-      ValueError: for misshapen prompts, lengths outside [1, P], or token ids outside the vocab.
+      ValueError: for misshapen prompts, lengths outside [1, P], token ids outside the vocab,
+        or (with `cfg.prompt_group` > 1) a group whose rows hold different prompts.
     """
     if prompt_NP.ndim != 2 or prompt_lengths_N.shape != prompt_NP.shape[:1]:
         raise ValueError(
@@ -680,6 +681,16 @@ def sample(
                 f"prompt_NP[{i}, {j}]={prompt_NP[i, j]} is not a token id of a vocabulary of "
                 f"{model_cfg.vocab_size}"
             )
+        G = cfg.prompt_group
+        if G > 1 and N % G == 0:
+            first = np.repeat(ids[::G], G, axis=0), np.repeat(prompt_lengths_N[::G], G)
+            differs = (ids != first[0]).any(axis=1) | (prompt_lengths_N != first[1])
+            if differs.any():
+                i = int(np.argmax(differs))
+                raise ValueError(
+                    f"row {i}'s prompt differs from row {i - i % G}'s, but prompt_group={G} "
+                    "prefills one prompt per group of rows"
+                )
     if sp is None:
         sp = sampling_params(N)
     rollout, _ = generate(

@@ -585,6 +585,12 @@ def test_prompt_group_prefills_once_and_samples_the_same(tiny):
         )
     with pytest.raises(ValueError, match="prompt_group=0"):
         SamplerConfig(4, prompt_group=0)
+    mixed = prompt.copy()
+    mixed[4, -1] += 1  # row 4 of group 1 (rows 3-5) now holds another prompt
+    with pytest.raises(ValueError, match="row 4's prompt differs from row 3's"):
+        sampling.sample(
+            params, mixed, lengths, jax.random.key(4), cfg, SamplerConfig(4, prompt_group=3)
+        )
 
 
 def test_rows_are_independent_of_the_batch_and_of_attention_chunking(tiny):
