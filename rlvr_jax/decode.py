@@ -18,7 +18,7 @@ matmul over (N, K) with no transpose. Two layer loops:
   with depth.
 
 Both loops take RoPE's cos/sin of the fed tokens as inputs: built inside the step, XLA fuses the
-trigonometry into every head's rotation of every layer (a fifth of a tiny model's step on CPU).
+trigonometry into every head's rotation of every layer.
 
 Shapes: N rows, P prompt bucket, S cache slots, L layers, K kv heads, G query heads per kv head,
 Dh head dim, D embed, V vocab.
@@ -97,7 +97,7 @@ def prefill(
       (logits (N, V) f32 of the last prompt position, cache).
     """
     prompt_NP, prompt_mask_NP = prompt_NP[::group], prompt_mask_NP[::group]
-    N, P = prompt_NP.shape
+    N, P = prompt_NP.shape  # the rows prefilled: one per group
     shape = (model_cfg.num_layers, N, P, model_cfg.num_kv_heads, model_cfg.head_dim)
     dt = (cache.k[0] if cache.unrolled else cache.k).dtype
     kv = KVCache(
