@@ -38,7 +38,6 @@ import optax
 
 from rlvr_jax import checkpoint as ckpt_lib
 from rlvr_jax import export as export_lib
-from rlvr_jax import metrics as metrics_lib
 from rlvr_jax import train
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data import curriculum as curriculum_lib
@@ -385,22 +384,13 @@ def run(settings: train.Settings, workdir: str | Path, log: Callable[[str], None
         every_steps=s.train.checkpoint_every or max(steps, 1),
         keep=s.train.keep_checkpoints,
     )
-    start_step, eval_before = 0, None
-    restored = checkpointer.restore(state)
-    if restored is not None:
-        state, host = restored
-        start_step = int(host["step"])
+    state, host, start_step, writer = train.resume(
+        checkpointer, state, workdir, s, max(steps, 1), log
+    )
+    eval_before = None
+    if host is not None:
         sampler_state = sampler.load_state_dict(curriculum_lib.state_from_json(host["data"]))
         eval_before = host.get("eval_before")
-        log(f"resumed from step {start_step} in {workdir / 'checkpoints'}")
-    writer = metrics_lib.MetricsWriter(
-        workdir,
-        process_index=jax.process_index(),
-        use_tensorboard=s.train.use_tensorboard,
-        log_every=s.train.log_every,
-        total_steps=max(steps, 1),
-        resume_step=start_step,
-    )
     if evaluate is not None and eval_before is None:
         eval_before = evaluate(state.params)
         writer.write(0, eval_before)

@@ -663,6 +663,36 @@ def dynamic_sampling_batch(
 # The loop
 
 
+def resume(
+    checkpointer: ckpt_lib.Checkpointer,
+    state: Any,
+    workdir: Path,
+    s: Settings,
+    total_steps: int,
+    log: Callable[[str], None],
+) -> tuple[Any, dict | None, int, metrics_lib.MetricsWriter]:
+    """Restores the last checkpoint in `workdir`, if any, and opens the metrics writer there.
+
+    Returns:
+      (state, the checkpoint's host data or None, the step to start from, the writer).
+    """
+    start_step, host = 0, None
+    restored = checkpointer.restore(state)
+    if restored is not None:
+        state, host = restored
+        start_step = int(host["step"])
+        log(f"resumed from step {start_step} in {workdir / 'checkpoints'}")
+    writer = metrics_lib.MetricsWriter(
+        workdir,
+        process_index=jax.process_index(),
+        use_tensorboard=s.train.use_tensorboard,
+        log_every=s.train.log_every,
+        total_steps=total_steps,
+        resume_step=start_step,
+    )
+    return state, host, start_step, writer
+
+
 def run(settings: Settings, workdir: str | Path, log: Callable[[str], None] = print) -> dict:
     """Trains, evaluating before and after; resumes from `workdir` when it holds a checkpoint.
 
@@ -751,25 +781,13 @@ def run(settings: Settings, workdir: str | Path, log: Callable[[str], None] = pr
         ref_source=s.model.source if not s.model.source.startswith("random:") else None,
     )
     sampler_state = prompt_sampler.init(s.data.seed)
-    start_step = 0
+    state, host, start_step, writer = resume(checkpointer, state, workdir, s, s.train.steps, log)
     eval_before = None
-    restored = checkpointer.restore(state)
-    if restored is not None:
-        state, host = restored
-        start_step = int(host["step"])
+    if host is not None:
         sampler_state = prompt_sampler.load_state_dict(
             curriculum_lib.state_from_json(host["prompt_sampler"])
         )
         eval_before = host.get("eval_before")
-        log(f"resumed from step {start_step} in {workdir / 'checkpoints'}")
-    writer = metrics_lib.MetricsWriter(
-        workdir,
-        process_index=jax.process_index(),
-        use_tensorboard=s.train.use_tensorboard,
-        log_every=s.train.log_every,
-        total_steps=s.train.steps,
-        resume_step=start_step,
-    )
     if eval_before is None:
         eval_before = evaluate(state.params, enc_eval.ids, enc_eval.examples)
         writer.write(0, eval_before)
