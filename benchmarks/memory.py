@@ -6,7 +6,8 @@ Command (CPU, nothing is allocated: the programs are compiled on ShapeDtypeStruc
   python benchmarks/memory.py --no_table --microbatches=8 --search=64x1024,128x1024
 
 Eight fake CPU devices stand in for the eight 16 GiB chips of a v5e-8; the programs are the ones
-`train_step.build_update` and `build_rollout` jit, with the shardings of `sharding.plan_step`, and
+`train_step.build_update` and `build_rollout` jit, with the shardings of
+`sharding_plan.plan_step`, and
 `compiled.memory_analysis()` gives each device's arguments (parameters, optimizer state, rollout),
 outputs, temporaries and their total (outputs aliased to donated arguments counted once).
 The search for the largest rows x generated length that fits compiles the update only (with
@@ -50,9 +51,11 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rlvr_jax import sampling, sharding  # noqa: E402
+from rlvr_jax import sampling  # noqa: E402
+from rlvr_jax.model import sharding  # noqa: E402
 from rlvr_jax.model.config import PRESETS  # noqa: E402
 from rlvr_jax.model.transformer import count_params, param_shapes  # noqa: E402
+from rlvr_jax.rl import sharding_plan  # noqa: E402
 from rlvr_jax.rl import state as state_lib  # noqa: E402
 from rlvr_jax.rl import train_step as ts  # noqa: E402
 
@@ -129,7 +132,7 @@ def measure(
     state = jax.eval_shape(
         lambda p: state_lib.init_train_state(p, optimizer, jax.random.key(0), False), params
     )
-    plan = sharding.plan_step(state, cfg, mesh, rows)
+    plan = sharding_plan.plan_step(state, cfg, mesh, rows)
     t0 = time.time()
     if what == "update":
         fn = ts.build_update(cfg, rl, optimizer, state_lib.learning_rate_schedule(ocfg), plan)

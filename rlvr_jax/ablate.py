@@ -36,7 +36,7 @@ import ml_collections
 import numpy as np
 
 from rlvr_jax.config_types import ConfigError
-from rlvr_jax.metrics import METRICS_FILE
+from rlvr_jax.program.metrics import METRICS_FILE
 
 # Every variant starts from these values, so that a base config's own choices of estimator,
 # aggregation, length reward or sampler cannot leak into the comparison.

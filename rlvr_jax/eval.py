@@ -31,12 +31,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlvr_jax import eval_metrics, sampling, train
+from rlvr_jax import sampling, train
 from rlvr_jax.data import datasets, templates
 from rlvr_jax.data.datasets import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
+from rlvr_jax.program import eval_metrics
 from rlvr_jax.rewards import arithmetic
 
 GREEDY, SAMPLED = "greedy", "sampled"

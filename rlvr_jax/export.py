@@ -20,7 +20,6 @@ from typing import Any
 
 import jax
 
-from rlvr_jax import checkpoint as ckpt_lib
 from rlvr_jax import train
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data.tokenizer import Tokenizer
@@ -28,6 +27,7 @@ from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import hf, loading
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params, init_params
+from rlvr_jax.program import checkpoint as ckpt_lib
 from rlvr_jax.rl import state as state_lib
 
 CHECKPOINTS = "checkpoints"

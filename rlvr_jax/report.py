@@ -1,6 +1,6 @@
 """Plots of a run's metrics ledger: `python -m rlvr_jax.report --workdir W`.
 
-Host code. Reads `W/metrics.jsonl` (written by `rlvr_jax.metrics.MetricsWriter`) and writes one
+Host code. Reads `W/metrics.jsonl` (written by `program.metrics.MetricsWriter`) and writes one
 PNG per topic into `W/plots/`: reward and accuracy, response length, KL, clip fractions,
 entropy, the distribution of per-group success, and step timing. A topic whose metrics the run
 did not record is skipped with a printed note.
@@ -24,7 +24,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from rlvr_jax.metrics import read_metrics
+from rlvr_jax.program.metrics import read_metrics
 
 SUCCESS_HIST = "groups/success_hist"
 ALL_CORRECT = "adv/frac_all_correct"

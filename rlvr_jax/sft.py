@@ -36,7 +36,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rlvr_jax import checkpoint as ckpt_lib
 from rlvr_jax import export as export_lib
 from rlvr_jax import train
 from rlvr_jax.config_types import ConfigError
@@ -47,6 +46,7 @@ from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import hf
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
+from rlvr_jax.program import checkpoint as ckpt_lib
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl.logprobs import next_token_logprobs
 from rlvr_jax.rl.state import TrainState

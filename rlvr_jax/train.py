@@ -23,20 +23,21 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from rlvr_jax import checkpoint as ckpt_lib
-from rlvr_jax import metrics as metrics_lib
-from rlvr_jax import sampling, sharding
+from rlvr_jax import sampling
 from rlvr_jax.config_types import ConfigError, from_config
 from rlvr_jax.data import curriculum as curriculum_lib
 from rlvr_jax.data import datasets, templates
 from rlvr_jax.data.datasets import Example
 from rlvr_jax.data.tokenizer import Tokenizer
-from rlvr_jax.model import loading
+from rlvr_jax.model import loading, sharding
 from rlvr_jax.model.config import ModelConfig
+from rlvr_jax.program import checkpoint as ckpt_lib
+from rlvr_jax.program import metrics as metrics_lib
 from rlvr_jax.rewards import arithmetic, shaping
 from rlvr_jax.rewards import math as math_reward
 from rlvr_jax.rewards.format import r1_format_reward
 from rlvr_jax.rewards.pool import VerifierPool
+from rlvr_jax.rl import sharding_plan
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
 
@@ -749,7 +750,7 @@ def run(settings: Settings, workdir: str | Path, log: Callable[[str], None] = pr
         params, optimizer, jax.random.key(s.train.seed + 1), use_reference=use_ref
     )
     # The state lives on the mesh from here on; the jitted programs keep its layout.
-    plan = sharding.plan_step(
+    plan = sharding_plan.plan_step(
         state, model_cfg, sharding.make_mesh(s.mesh), s.train.batch_prompts * G
     )
     state = sharding.place(state, plan.state)

@@ -13,9 +13,9 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rlvr_jax import checkpoint as ckpt_lib
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import transformer as tf
+from rlvr_jax.program import checkpoint as ckpt_lib
 from rlvr_jax.rl import state as state_lib
 
 

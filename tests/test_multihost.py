@@ -31,15 +31,16 @@ def _train(jax, mesh, checkpoint_dir=None):
     """
     from jax.experimental import multihost_utils
 
-    from rlvr_jax import checkpoint as ckpt_lib
-    from rlvr_jax import sharding
+    from rlvr_jax.model import sharding
+    from rlvr_jax.program import checkpoint as ckpt_lib
+    from rlvr_jax.rl import sharding_plan
     from rlvr_jax.rl import state as state_lib
     from rlvr_jax.rl import train_step as ts
     from tests.test_sharding import B, G, _fresh_state, make_task
 
     cfg, rl, ocfg, reward_fn, batch = make_task()
     opt, state = _fresh_state(cfg, ocfg)
-    plan = sharding.plan_step(state, cfg, mesh, B * G)
+    plan = sharding_plan.plan_step(state, cfg, mesh, B * G)
     state = sharding.place(state, plan.state)
     step = ts.build_train_step(
         cfg, rl, opt, state_lib.learning_rate_schedule(ocfg), reward_fn, plan
@@ -81,7 +82,7 @@ def _worker(process_id: int, port: int, out: str) -> None:
         coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process_id
     )
     assert jax.device_count() == 8 and jax.local_device_count() == 4
-    from rlvr_jax import sharding
+    from rlvr_jax.model import sharding
 
     mesh = sharding.make_mesh(sharding.MeshConfig(*MESH))
     assert {d.process_index for d in mesh.devices.flat} == {0, 1}
@@ -97,7 +98,7 @@ def _worker(process_id: int, port: int, out: str) -> None:
 def test_two_processes_train_like_one_with_eight_devices(tmp_path):
     import jax
 
-    from rlvr_jax import sharding
+    from rlvr_jax.model import sharding
 
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))

@@ -9,12 +9,13 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from rlvr_jax import sampling, sharding
+from rlvr_jax import sampling
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import config as config_lib
+from rlvr_jax.model import sharding
 from rlvr_jax.model import transformer as tf
 from rlvr_jax.rewards import arithmetic as ar
-from rlvr_jax.rl import losses
+from rlvr_jax.rl import losses, sharding_plan
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
 
@@ -78,7 +79,7 @@ def _run(task, mesh=None, steps=2):
     sched = state_lib.learning_rate_schedule(ocfg)
     plan = None
     if mesh is not None:
-        plan = sharding.plan_step(state, cfg, mesh, B * G)
+        plan = sharding_plan.plan_step(state, cfg, mesh, B * G)
         state = sharding.place(state, plan.state)
     step = ts.build_train_step(cfg, rl, opt, sched, reward_fn, plan)
     metrics = []
@@ -132,7 +133,7 @@ def test_dimensions_the_mesh_does_not_divide_fall_back():
     mesh = sharding.make_mesh(sharding.MeshConfig(data=1, fsdp=2, tensor=4))
     cfg = config_lib.PRESETS["qwen2.5-0.5b"]  # 14 query heads, 2 kv heads
     specs = jax.tree.map(
-        lambda s: s.spec, sharding.param_shardings(cfg, mesh, tf.param_shapes(cfg))
+        lambda s: s.spec, sharding_plan.param_shardings(cfg, mesh, tf.param_shapes(cfg))
     )
     assert specs.embed == P(("tensor", "fsdp"))  # vocab 151936 = 8 x 18992; D whole
     assert specs.layers.q == P(None, "fsdp")  # 14 heads: not a multiple of 4
@@ -141,7 +142,7 @@ def test_dimensions_the_mesh_does_not_divide_fall_back():
     assert specs.layers.down == P(None, "tensor", "fsdp")
     assert specs.final_norm == P("fsdp")
     big = config_lib.PRESETS["qwen2.5-7b"]  # an untied LM head: (D, V), split on V
-    assert sharding.param_shardings(big, mesh, tf.param_shapes(big)).lm_head.spec == P(
+    assert sharding_plan.param_shardings(big, mesh, tf.param_shapes(big)).lm_head.spec == P(
         None, ("tensor", "fsdp")
     )
     mesh = sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=4, tensor=1))
@@ -159,7 +160,7 @@ def test_optimizer_state_is_sharded_like_the_parameters(task):
         abstract = jax.eval_shape(
             lambda m=master: _fresh_state(cfg, dataclasses.replace(ocfg, master_weights=m))[1]
         )
-        plan = sharding.plan_step(abstract, cfg, mesh, B * G)
+        plan = sharding_plan.plan_step(abstract, cfg, mesh, B * G)
         is_params = lambda x: isinstance(x, tf.Params)  # noqa: E731
         mirrored = [
             t for t in jax.tree.leaves(plan.state.opt_state, is_leaf=is_params) if is_params(t)
@@ -187,7 +188,7 @@ def test_vocabulary_matrices_and_their_gradients_stay_split():
     cfg = config_lib.PRESETS["tiny"].replace(vocab_size=16384, tie_embeddings=False)
     mesh = sharding.make_mesh(sharding.MeshConfig(1, 8, 1))
     shapes = tf.param_shapes(cfg)
-    shardings = sharding.param_shardings(cfg, mesh, shapes)
+    shardings = sharding_plan.param_shardings(cfg, mesh, shapes)
     assert shardings.embed.spec == P("fsdp") and shardings.lm_head.spec == P(None, "fsdp")
 
     def loss(params, tokens_NT):
@@ -240,7 +241,7 @@ def test_host_verifier_path_on_a_mesh_equals_the_fused_step(task, one_device):
     mesh = sharding.make_mesh(sharding.MeshConfig(1, 2, 4))
     opt, state = _fresh_state(cfg, ocfg)
     sched = state_lib.learning_rate_schedule(ocfg)
-    plan = sharding.plan_step(state, cfg, mesh, B * G)
+    plan = sharding_plan.plan_step(state, cfg, mesh, B * G)
     state = sharding.place(state, plan.state)
     rollout_fn = ts.build_rollout(cfg, rl, plan)
     update_fn = ts.build_update(cfg, rl, opt, sched, plan)
@@ -301,7 +302,7 @@ def test_sampler_runs_with_its_cache_sharded(task, one_device_rollout, shape, la
     assert all(s.spec == want for s in jax.tree.leaves(cache_sh))
     rows = sharding.rows_sharding(mesh, N)
     got, cache = sampling.generate(
-        sharding.place(params, sharding.param_shardings(cfg, mesh, params)),
+        sharding.place(params, sharding_plan.param_shardings(cfg, mesh, params)),
         sharding.place(b.prompt_NP, rows),
         sharding.place(b.prompt_lengths_N, rows),
         jax.random.key(3),
@@ -330,7 +331,7 @@ def test_bf16_parameters_with_f32_master_weights_run_sharded(task):
     ocfg = dataclasses.replace(ocfg, master_weights=True)
     opt, state = _fresh_state(cfg, ocfg)
     mesh = sharding.make_mesh(sharding.MeshConfig(2, 2, 2))
-    plan = sharding.plan_step(state, cfg, mesh, B * G)
+    plan = sharding_plan.plan_step(state, cfg, mesh, B * G)
     state = sharding.place(state, plan.state)
     step = ts.build_train_step(
         cfg, rl, opt, state_lib.learning_rate_schedule(ocfg), reward_fn, plan

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlvr_jax import sharding
+from rlvr_jax.model import sharding
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.kv_cache import KVCache
 
@@ -65,7 +65,7 @@ def param_shapes(cfg: ModelConfig) -> Params:
 
 
 def logical_axes(cfg: ModelConfig) -> Params:
-    """Logical axis names of every parameter, mapped to mesh axes by `sharding.py`."""
+    """Logical axis names of every parameter, mapped to mesh axes by `model/sharding.py`."""
     opt = lambda on, names: names if on else None  # noqa: E731
     layers = Layers(
         attn_norm=("layers", "embed"),
@@ -84,7 +84,7 @@ def logical_axes(cfg: ModelConfig) -> Params:
         k_norm=opt(cfg.qk_norm, ("layers", "head_dim")),
     )
     return Params(
-        embed=("vocab", None),  # vocabulary-split, D whole: see sharding.py
+        embed=("vocab", None),  # vocabulary-split, D whole: see model/sharding.py
         layers=layers,
         final_norm=("embed",),
         lm_head=opt(not cfg.tie_embeddings, (None, "vocab")),

@@ -21,11 +21,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlvr_jax import sampling, sharding
+from rlvr_jax import sampling
+from rlvr_jax.model import sharding
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import positions_from_mask
 from rlvr_jax.rl import advantages as adv_lib
-from rlvr_jax.rl import losses
+from rlvr_jax.rl import losses, sharding_plan
 from rlvr_jax.rl.logprobs import grouped_next_token_logprobs, next_token_logprobs
 from rlvr_jax.rl.state import TrainState
 
@@ -372,7 +373,7 @@ def _rollout(
     if rl.shared_prompt_forward and sampler.prompt_group == 1:
         sampler = dataclasses.replace(sampler, prompt_group=rl.group_size)  # one prefill a group
     cache = None
-    if mesh is not None:  # the cache's own layout (see sharding.py), not left to propagation
+    if mesh is not None:  # the cache's own layout (see model/sharding.py), not left to propagation
         cache = sampling.init_decode_cache(model_cfg, sampler, N, P)
         cache = sharding.shard_decode_cache(cache, model_cfg, mesh)
     rollout, _ = sampling.generate(
@@ -426,14 +427,14 @@ def build_train_step(
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
     reward_fn: RewardFn,
-    shardings: sharding.StepShardings | None = None,
+    shardings: sharding_plan.StepShardings | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, Array]]]:
     """The whole step as one jitted program (the state is donated): `(state, batch) ->
     (state, metrics)`. `reward_fn(rollout, batch.targets)` must be jittable.
 
-    With `shardings` (`sharding.plan_step`) the state keeps its planned layout from step to step,
-    the batch's rows are split over the mesh, the decode cache gets its own layout and the
-    metrics come back replicated; the state and batch must already be placed on the plan
+    With `shardings` (`sharding_plan.plan_step`) the state keeps its planned layout from step to
+    step, the batch's rows are split over the mesh, the decode cache gets its own layout and
+    the metrics come back replicated; the state and batch must already be placed on the plan
     (`sharding.place`).
     """
     mesh = None if shardings is None else shardings.mesh
@@ -462,7 +463,7 @@ def build_train_step(
 
 
 def build_rollout(
-    model_cfg: ModelConfig, rl: RLConfig, shardings: sharding.StepShardings | None = None
+    model_cfg: ModelConfig, rl: RLConfig, shardings: sharding_plan.StepShardings | None = None
 ) -> Callable[[Any, Batch, Array], sampling.Rollout]:
     """Jitted `(params, batch, rng) -> Rollout` for the host-verifier path.
 
@@ -489,7 +490,7 @@ def build_update(
     rl: RLConfig,
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
-    shardings: sharding.StepShardings | None = None,
+    shardings: sharding_plan.StepShardings | None = None,
 ) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
     """Jitted `(state, rollout, rewards_N, parts) -> (state, metrics)`; the state is donated.
 

@@ -72,7 +72,7 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -81,12 +81,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from rlvr_jax.model.config import ModelConfig
-
-if TYPE_CHECKING:
-    from rlvr_jax.model.transformer import Params
-    from rlvr_jax.rl.state import TrainState
-# The model calls `constrain_rows`, so this module imports the model's modules where they are
-# used, not at the top.
 
 MESH_AXES = ("data", "fsdp", "tensor")
 RULES: Mapping[str, tuple[str, ...]] = {
@@ -205,51 +199,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def _is_names(x: Any) -> bool:
-    return isinstance(x, tuple) and all(n is None or isinstance(n, str) for n in x)
-
-
-def param_shardings(model_cfg: ModelConfig, mesh: Mesh, params: Params) -> Params:
-    """A `Params` tree of NamedShardings for `params` (arrays or ShapeDtypeStructs)."""
-    from rlvr_jax.model.transformer import logical_axes
-
-    return jax.tree.map(
-        lambda names, x: NamedSharding(mesh, logical_spec(names, x.shape, mesh)),
-        logical_axes(model_cfg),
-        params,
-        is_leaf=_is_names,
-    )
-
-
-def mirror_params(tree: Any, model_cfg: ModelConfig, mesh: Mesh) -> Any:
-    """Shardings of an optimizer state: each `Params`-shaped subtree is sharded like the
-    parameters (by its own leaves' shapes, so any dtype works), every other leaf replicated."""
-    from rlvr_jax.model.transformer import Params
-
-    def one(x):
-        if isinstance(x, Params):
-            return param_shardings(model_cfg, mesh, x)
-        return replicated(mesh)
-
-    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, Params))
-
-
-def state_shardings(state: TrainState, model_cfg: ModelConfig, mesh: Mesh) -> TrainState:
-    """The shardings of a `TrainState` (concrete or from `jax.eval_shape`)."""
-    from rlvr_jax.rl.state import TrainState
-
-    rep = replicated(mesh)
-    return TrainState(
-        step=rep,
-        params=param_shardings(model_cfg, mesh, state.params),
-        opt_state=mirror_params(state.opt_state, model_cfg, mesh),
-        ref_params=(
-            None if state.ref_params is None else param_shardings(model_cfg, mesh, state.ref_params)
-        ),
-        rng=rep,
-    )
-
-
 def rows_sharding(mesh: Mesh, num_rows: int) -> NamedSharding:
     """Leading axis N over the "batch" axes, the rest whole. As a pytree prefix it shards every
     leaf of a `Batch`, a `Rollout`, rewards and reward parts (they all start with N)."""
@@ -323,40 +272,7 @@ def constrain_vocab(x: jax.Array) -> jax.Array:
 
 
 # ---------------------------------------------------------------------------------------------
-# The plan of one step, and placing host values on it
-
-
-@dataclasses.dataclass(frozen=True)
-class StepShardings:
-    """Everything `train_step.build_*` needs to pin a step to a mesh.
-
-    Attributes:
-      mesh: the device mesh.
-      model_cfg: the architecture (for the decode cache's layout).
-      state: a `TrainState` of NamedShardings.
-      rows: the sharding of every per-row input (batch, rollout, rewards), a pytree prefix.
-    """
-
-    mesh: Mesh
-    model_cfg: ModelConfig
-    state: TrainState
-    rows: NamedSharding
-
-    @property
-    def replicated(self) -> NamedSharding:
-        return replicated(self.mesh)
-
-
-def plan_step(
-    state: TrainState, model_cfg: ModelConfig, mesh: Mesh, num_rows: int
-) -> StepShardings:
-    """The shardings of a step over `num_rows` rows for `state` (concrete or abstract)."""
-    return StepShardings(
-        mesh=mesh,
-        model_cfg=model_cfg,
-        state=state_shardings(state, model_cfg, mesh),
-        rows=rows_sharding(mesh, num_rows),
-    )
+# Placing host values on the mesh
 
 
 def _is_key(x: Any) -> bool:

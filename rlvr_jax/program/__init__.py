@@ -1,0 +1,1 @@
+"""The program layer: settings, the run skeleton, checkpoints, metrics and evaluation."""
