@@ -39,7 +39,7 @@ starting point, and `--config.train.steps` sets a shorter first look.
 
 import ml_collections
 
-from rlvr_jax.train import default_config
+from rlvr_jax.program.settings import default_config
 
 VARIANTS = (
     "grpo",

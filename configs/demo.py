@@ -10,7 +10,7 @@ is one XLA program. Held-out greedy accuracy on 128 problems is printed before a
 
 import ml_collections
 
-from rlvr_jax.train import default_config
+from rlvr_jax.program.settings import default_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

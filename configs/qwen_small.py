@@ -29,7 +29,7 @@ offline, so neither this config nor its figures were run; only its settings are 
 
 import ml_collections
 
-from rlvr_jax.train import default_config
+from rlvr_jax.program.settings import default_config
 
 SOURCES = {
     "": "Qwen/Qwen2.5-0.5B-Instruct",

@@ -10,7 +10,7 @@ number, then the end token); from scratch the model first learns the format.
 
 import ml_collections
 
-from rlvr_jax.train import default_config
+from rlvr_jax.program.settings import default_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -2,7 +2,7 @@
 
   python -m rlvr_jax.ablate --config=configs/ablation.py --workdir=W
 
-The config is a training config (`train.default_config()`) plus an `ablation` section:
+The config is a training config (`settings_lib.default_config()`) plus an `ablation` section:
   variants: comma-separated names of `VARIANTS`.
   seeds: comma-separated `train.seed` values; every variant runs once per seed.
   kimi_length_weight: `reward.length_weight` of the "kimi_length" variant.
@@ -202,7 +202,8 @@ def warm_start(
     done = workdir / "result.json"
     if done.exists():
         return json.loads(done.read_text())
-    from rlvr_jax import sft, train
+    from rlvr_jax import sft
+    from rlvr_jax.program import settings as settings_lib
 
     c = copy.deepcopy(base)
     c.train.stage = "sft"
@@ -212,7 +213,7 @@ def warm_start(
     c.sft.batch_size = ablation.warm_start_batch_size
     c.sft.export = True
     c.optim.learning_rate = ablation.warm_start_learning_rate
-    out = sft.run(train.settings_from_config(c), workdir, log=log)
+    out = sft.run(settings_lib.settings_from_config(c), workdir, log=log)
     result = {
         "source": str(out["export"]),
         "eval_before": out["eval_before"],
@@ -242,8 +243,9 @@ def run_one(
     if done.exists():
         return json.loads(done.read_text())
     from rlvr_jax import train
+    from rlvr_jax.program import settings as settings_lib
 
-    settings = train.settings_from_config(config)
+    settings = settings_lib.settings_from_config(config)
     start = time.time()
     out = train.run(settings, run_dir, log=log)
     result = {

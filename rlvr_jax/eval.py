@@ -38,6 +38,7 @@ from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.program import eval_metrics
+from rlvr_jax.program import settings as settings_lib
 from rlvr_jax.rewards import arithmetic
 
 GREEDY, SAMPLED = "greedy", "sampled"
@@ -77,7 +78,7 @@ class EvalOptions:
 
 
 def load_named(
-    specs: Sequence[str], data: train.DataSettings, data_path: str, split: str, num: int
+    specs: Sequence[str], data: settings_lib.DataSettings, data_path: str, split: str, num: int
 ) -> list[Example]:
     """Examples of named datasets, each spec "name" (read under `data_path`) or "name:path".
 
@@ -119,7 +120,7 @@ def _correct_in_graph(task: Any, rollout: sampling.Rollout, targets: Any, G: int
     """Per-row correctness from an in-graph verifier (no shaping)."""
     if isinstance(task, train.ArithmeticTask):
         return _arithmetic_correct(task.table, rollout, targets)
-    no_shaping = train.RewardSettings(verifier="arithmetic", format="none")
+    no_shaping = settings_lib.RewardSettings(verifier="arithmetic", format="none")
     T = rollout.tokens_NT.shape[1]
     return jax.jit(task.reward_fn(no_shaping, G, T))(rollout, targets)[1]["correct"]
 
@@ -192,7 +193,7 @@ def evaluate(
     params: Params,
     model_cfg: ModelConfig,
     tok: Tokenizer,
-    settings: train.Settings,
+    settings: settings_lib.Settings,
     examples: Sequence[Example],
     options: EvalOptions = EvalOptions(),
     log: Callable[[str], None] = print,
@@ -319,7 +320,7 @@ def main(argv: list[str]) -> None:
         config = f.config
         if f.source:
             config.model.source = f.source
-        settings = train.settings_from_config(config)
+        settings = settings_lib.settings_from_config(config)
         tok = train.build_tokenizer(settings.model)
         params, model_cfg = export.load_policy(settings.model, tok, settings.train.seed)
         stem = Path(f["config"].config_filename.split(":")[0]).stem

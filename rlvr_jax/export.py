@@ -28,12 +28,13 @@ from rlvr_jax.model import hf, loading
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params, init_params
 from rlvr_jax.program import checkpoint as ckpt_lib
+from rlvr_jax.program import settings as settings_lib
 from rlvr_jax.rl import state as state_lib
 
 CHECKPOINTS = "checkpoints"
 
 
-def model_overrides(model: train.ModelSettings, tok: Tokenizer) -> dict[str, Any]:
+def model_overrides(model: settings_lib.ModelSettings, tok: Tokenizer) -> dict[str, Any]:
     """The `ModelConfig` fields the settings set on top of the source's (as `train.run` does):
     numerics, and for a random model with a character tokenizer, a vocabulary that fits it."""
     out: dict[str, Any] = dict(dtype=model.dtype, param_dtype=model.param_dtype, remat=model.remat)
@@ -50,7 +51,7 @@ def _check_vocab(tok: Tokenizer, cfg: ModelConfig) -> None:
 
 
 def load_policy(
-    model: train.ModelSettings, tok: Tokenizer, seed: int
+    model: settings_lib.ModelSettings, tok: Tokenizer, seed: int
 ) -> tuple[Params, ModelConfig]:
     """Weights and architecture from `model.source`, with the settings' overrides.
 
@@ -62,7 +63,7 @@ def load_policy(
     return params, cfg
 
 
-def policy_config(model: train.ModelSettings, tok: Tokenizer) -> ModelConfig:
+def policy_config(model: settings_lib.ModelSettings, tok: Tokenizer) -> ModelConfig:
     """The architecture `load_policy` would give, read without loading the weights where the
     source allows (presets and Hugging Face directories; GGUF files are read whole)."""
     overrides = model_overrides(model, tok)
@@ -82,7 +83,7 @@ def policy_config(model: train.ModelSettings, tok: Tokenizer) -> ModelConfig:
 
 def restore_policy(
     workdir: str | os.PathLike, step: int | None = None
-) -> tuple[Params, ModelConfig, Tokenizer, train.Settings, int]:
+) -> tuple[Params, ModelConfig, Tokenizer, settings_lib.Settings, int]:
     """The policy parameters of a run's checkpoint.
 
     Args:
@@ -96,7 +97,7 @@ def restore_policy(
       FileNotFoundError: for a workdir without settings or without a checkpoint.
     """
     workdir = Path(workdir)
-    settings = train.load_settings(workdir)
+    settings = settings_lib.load_settings(workdir)
     tok = train.build_tokenizer(settings.model)
     cfg = policy_config(settings.model, tok)
     ckpt = ckpt_lib.Checkpointer(workdir / CHECKPOINTS, every_steps=0, read_only=True)

@@ -37,11 +37,12 @@ def main(argv: list[str]) -> None:
     if _DISTRIBUTED.value:
         jax.distributed.initialize()
     from rlvr_jax import train
+    from rlvr_jax.program import settings as settings_lib
 
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config=configs/<name>.py is required")
-    settings = train.settings_from_config(config)
+    settings = settings_lib.settings_from_config(config)
     name = Path(flags.FLAGS["config"].config_filename.split(":")[0]).stem
     workdir = _WORKDIR.value or os.path.join("runs", name)
     if settings.train.stage == "sft":

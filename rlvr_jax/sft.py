@@ -47,6 +47,7 @@ from rlvr_jax.model import hf
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.program import checkpoint as ckpt_lib
+from rlvr_jax.program import settings as settings_lib
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl.logprobs import next_token_logprobs
 from rlvr_jax.rl.state import TrainState
@@ -320,7 +321,7 @@ def build_sft_step(
 
 
 def _demonstrations(
-    s: train.Settings, train_ex: Sequence[Example] | None, log: Callable[[str], None]
+    s: settings_lib.Settings, train_ex: Sequence[Example] | None, log: Callable[[str], None]
 ) -> list[Demonstration]:
     if not s.sft.path:
         return demonstrations_from_examples(train_ex or [], s.sft.response_format)
@@ -329,7 +330,9 @@ def _demonstrations(
     return demos
 
 
-def run(settings: train.Settings, workdir: str | Path, log: Callable[[str], None] = print) -> dict:
+def run(
+    settings: settings_lib.Settings, workdir: str | Path, log: Callable[[str], None] = print
+) -> dict:
     """Fine-tunes on demonstrations, evaluating before and after; resumes from `workdir`.
 
     Returns:
@@ -338,7 +341,7 @@ def run(settings: train.Settings, workdir: str | Path, log: Callable[[str], None
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    train.save_settings(settings, workdir)
+    settings_lib.save_settings(settings, workdir)
     s = settings
     tok = train.build_tokenizer(s.model)
     params, model_cfg = export_lib.load_policy(s.model, tok, s.train.seed)

@@ -11,20 +11,17 @@ verifier is in JAX) -> metrics (one device_get) -> curriculum update -> checkpoi
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from rlvr_jax import sampling
-from rlvr_jax.config_types import ConfigError, from_config
+from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data import curriculum as curriculum_lib
 from rlvr_jax.data import datasets, templates
 from rlvr_jax.data.datasets import Example
@@ -33,6 +30,13 @@ from rlvr_jax.model import loading, sharding
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.program import checkpoint as ckpt_lib
 from rlvr_jax.program import metrics as metrics_lib
+from rlvr_jax.program.settings import (
+    DataSettings,
+    ModelSettings,
+    RewardSettings,
+    Settings,
+    save_settings,
+)
 from rlvr_jax.rewards import arithmetic, shaping
 from rlvr_jax.rewards import math as math_reward
 from rlvr_jax.rewards.format import r1_format_reward
@@ -40,320 +44,6 @@ from rlvr_jax.rewards.pool import VerifierPool
 from rlvr_jax.rl import sharding_plan
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
-
-# ---------------------------------------------------------------------------------------------
-# Settings
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSettings:
-    """Attributes:
-    source: weights (see `model.loading`): "embedded", "random:PRESET", a directory, a .gguf
-      file or a hub id.
-    tokenizer: "" for the source's own, or "chars:<alphabet>" (from-scratch models).
-    dtype, param_dtype, remat: `ModelConfig` overrides.
-    """
-
-    source: str = "embedded"
-    tokenizer: str = ""
-    dtype: str = "float32"
-    param_dtype: str = "float32"
-    remat: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSettings:
-    """Attributes:
-    name: a `datasets.DATASET_NAMES` entry ("arithmetic", "gsm8k", ...).
-    path: local JSONL file or directory (empty: the hub, or generated tasks).
-    split: training split; eval examples are held out from it (`num_eval`), or read from
-      `eval_split` when set.
-    eval_split: a separate split for evaluation ("" holds out `num_eval` from `split`).
-    num_train: training prompts to keep (0 keeps all; generated tasks need it).
-    num_eval: held-out prompts for evaluation.
-    level: difficulty of generated tasks.
-    template: a `templates` name or "text:<format>".
-    buckets: allowed prompt lengths (tokens).
-    sampler: "epoch" (shuffled epochs) or "curriculum" (weights 1 - success rate).
-    dynamic_sampling: DAPO's dynamic sampling (Yu et al. 2025): groups whose rewards are all
-      equal carry no group-relative signal, so they are dropped and more prompts are drawn,
-      rolled out and verified (a whole batch per round, shapes stay static) until the batch is
-      full of groups with reward variance, or `dynamic_max_rounds` rounds have run; the batch is
-      then topped up with dropped groups. Every attempted group updates the prompt sampler.
-    dynamic_max_rounds: the most rollout rounds per step (the first included).
-    seed: data order and generation seed.
-    """
-
-    name: str = "arithmetic"
-    path: str = ""
-    split: str = "train"
-    eval_split: str = ""
-    num_train: int = 0
-    num_eval: int = 64
-    level: int = 1
-    template: str = "plain"
-    buckets: tuple[int, ...] = (64,)
-    sampler: Literal["epoch", "curriculum"] = "epoch"
-    dynamic_sampling: bool = False
-    dynamic_max_rounds: int = 3
-    exclude_multiple_choice: bool = False
-    exclude_true_false: bool = False
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.dynamic_max_rounds < 1:
-            raise ValueError(f"data.dynamic_max_rounds={self.dynamic_max_rounds} must be >= 1")
-
-
-@dataclasses.dataclass(frozen=True)
-class RewardSettings:
-    """Attributes:
-    verifier: "arithmetic" (in JAX over tokens: the whole step is one program) or "math"
-      (answer extraction and equivalence on text, in a process pool with deadlines).
-    format: "number" (arithmetic: a number, then an end token), "r1" (the R1 think/answer
-      template), or "none".
-    format_weight: weight of the format part; correctness always has weight 1.
-    length_weight: weight of the Kimi k1.5 group-relative length reward (0 disables).
-    overlong_cache: DAPO soft overlong penalty ramp width in tokens (0 disables).
-    workers: host verifier processes.
-    deadline_s: per-item verifier deadline; a check past it scores 0 and is counted.
-    """
-
-    verifier: Literal["arithmetic", "math"] = "arithmetic"
-    format: Literal["number", "r1", "none"] = "number"
-    format_weight: float = 0.0
-    length_weight: float = 0.0
-    overlong_cache: int = 0
-    workers: int = 2
-    deadline_s: float = 5.0
-
-    def __post_init__(self):
-        if self.verifier == "math" and self.format == "number":
-            object.__setattr__(self, "format", "none")
-        if self.verifier == "arithmetic" and self.format == "r1":
-            raise ValueError("reward.format='r1' needs reward.verifier='math'")
-        if self.workers < 1 or self.deadline_s <= 0:
-            raise ValueError(
-                f"reward.workers={self.workers} must be >= 1 and deadline_s={self.deadline_s} > 0"
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainSettings:
-    """Attributes:
-    steps: RL steps.
-    batch_prompts: B prompts per step (N = B x group_size rows).
-    seed: model init (random sources), sampling and update seed.
-    log_every, eval_every, checkpoint_every: intervals in steps (0 disables periodic ones;
-      evaluation also runs before the first and after the last step, a checkpoint at the end).
-    keep_checkpoints: how many to keep.
-    stage: "rl" (this module's `run`) or "sft" (supervised fine-tuning on demonstrations,
-      `sft.run`); `main` dispatches on it. Both stages count `steps` in optimizer updates.
-    """
-
-    stage: Literal["rl", "sft"] = "rl"
-    steps: int = 100
-    batch_prompts: int = 8
-    seed: int = 0
-    log_every: int = 1
-    eval_every: int = 0
-    checkpoint_every: int = 0
-    keep_checkpoints: int = 2
-    use_tensorboard: bool = True
-
-    def __post_init__(self):
-        if self.steps < 0 or self.batch_prompts < 1:
-            raise ValueError(f"steps={self.steps}, batch_prompts={self.batch_prompts} invalid")
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalSettings:
-    """Attributes:
-    batch_prompts: prompts per evaluation call (the last batch is padded, shapes stay fixed).
-    """
-
-    batch_prompts: int = 32
-
-
-@dataclasses.dataclass(frozen=True)
-class SFTSettings:
-    """Supervised fine-tuning (`train.stage="sft"`, see `rlvr_jax.sft`).
-
-    Attributes:
-      path: demonstrations JSONL, one {"prompt", "response"} (or "question"/"solution", ...)
-        object a line; empty builds them from the training examples of `data`, the response
-        being `response_format` with the gold answer.
-      prompt_field, response_field: field names to read instead of the known pairs.
-      response_format: the response of a demonstration built from `data`; "{answer}" is
-        replaced by the gold answer.
-      batch_size: sequences per optimizer update.
-      epochs: passes over the demonstrations; 0 runs `train.steps` updates instead.
-      buckets: padded sequence lengths (prompt + response + end token); longer demonstrations
-        are counted and skipped.
-      eval: greedy held-out accuracy of `data` with `reward.verifier`, before and after.
-      export: write the policy as a Hugging Face directory `<workdir>/hf` at the end; the RL
-        stage starts from it with `model.source=<workdir>/hf`.
-    """
-
-    path: str = ""
-    prompt_field: str = ""
-    response_field: str = ""
-    response_format: str = "{answer}"
-    batch_size: int = 16
-    epochs: int = 0
-    buckets: tuple[int, ...] = (256,)
-    eval: bool = True
-    export: bool = True
-
-    def __post_init__(self):
-        if self.batch_size < 1 or self.epochs < 0:
-            raise ValueError(
-                f"batch_size={self.batch_size} must be >= 1, epochs={self.epochs} >= 0"
-            )
-        if not self.buckets or min(self.buckets) < 2:
-            raise ValueError(f"buckets={self.buckets} must be lengths of at least 2 tokens")
-        if bool(self.prompt_field) != bool(self.response_field):
-            raise ValueError("prompt_field and response_field are set together or not at all")
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    model: ModelSettings
-    data: DataSettings
-    reward: RewardSettings
-    rl: ts.RLConfig
-    optim: state_lib.OptimConfig
-    train: TrainSettings
-    eval: EvalSettings
-    curriculum: curriculum_lib.CurriculumConfig
-    sft: SFTSettings = SFTSettings()
-    mesh: sharding.MeshConfig = sharding.MeshConfig()
-
-
-_SECTIONS = {
-    "model": ModelSettings,
-    "data": DataSettings,
-    "reward": RewardSettings,
-    "rl": ts.RLConfig,
-    "optim": state_lib.OptimConfig,
-    "train": TrainSettings,
-    "eval": EvalSettings,
-    "curriculum": curriculum_lib.CurriculumConfig,
-    "sft": SFTSettings,
-    "mesh": sharding.MeshConfig,
-}
-# Values for fields without a default, so that every field exists and can be overridden.
-_REQUIRED = {"group_size": 8, "max_new_tokens": 256}
-
-
-def _default_dict(cls: type) -> ml_collections.ConfigDict:
-    hints = typing.get_type_hints(cls)
-    out = ml_collections.ConfigDict()
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        hint = hints[f.name]
-        if f.default is not dataclasses.MISSING:
-            value = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-        elif dataclasses.is_dataclass(hint):
-            value = None
-        else:
-            value = _REQUIRED[f.name]
-        if dataclasses.is_dataclass(hint):
-            # The class's own field defaults, not a default instance's: `__post_init__` may
-            # resolve fields (e.g. std_scaling from the estimator) that must stay open.
-            out[f.name] = _default_dict(hint)
-        elif value is None:
-            # A typed placeholder keeps `--config.x.y=v` overrides possible for optional fields.
-            args = [a for a in typing.get_args(hint) if a is not type(None)]
-            inner = typing.get_args(args[0]) if args else ()
-            kind = str if typing.get_origin(args[0]) is typing.Literal else args[0]
-            out[f.name] = ml_collections.config_dict.placeholder(kind if not inner else str)
-        else:
-            out[f.name] = value
-    return out
-
-
-def default_config() -> ml_collections.ConfigDict:
-    """Every setting with its default; config files start from it and change what they need,
-    so that any field can be overridden from the command line (`--config.rl.group_size=16`)."""
-    return ml_collections.ConfigDict({k: _default_dict(v) for k, v in _SECTIONS.items()})
-
-
-def settings_from_config(config: Any, check_devices: bool = True) -> Settings:
-    """Typed settings from a ConfigDict; every unknown or bad field is named.
-
-    `rl.sampler.eos_ids` and `pad_id` are left for `run` to fill from the tokenizer when the
-    config does not set them. `check_devices=False` skips the mesh checks against this
-    process's devices (a finished run's settings, read back to export or evaluate it elsewhere).
-    """
-    config = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    sections = _SECTIONS
-    unknown = sorted(set(config) - set(sections))
-    if unknown:
-        raise ConfigError(f"unknown config section {unknown[0]!r}; known: {sorted(sections)}")
-    if "rl" not in config:
-        raise ConfigError("missing config section 'rl'")
-    built = {k: from_config(cls, config.get(k, {}), k) for k, cls in sections.items()}
-    s = Settings(**built)
-    if max(s.data.buckets) + s.rl.sampler.max_new_tokens > 1 << 20:
-        raise ConfigError(f"data.buckets={s.data.buckets} too long")
-    s.rl.check_rows(s.train.batch_prompts * s.rl.group_size)
-    if s.train.stage == "rl" and check_devices:
-        check_mesh(s, jax.device_count())
-    return s
-
-
-def check_mesh(s: Settings, num_devices: int) -> None:
-    """Raises ConfigError unless the mesh fits the devices and the rows split over its batch
-    axes (otherwise every device would hold every row)."""
-    try:
-        data, fsdp, _ = s.mesh.shape(num_devices)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    rows = s.train.batch_prompts * s.rl.group_size
-    if rows % (data * fsdp):
-        raise ConfigError(
-            f"train.batch_prompts={s.train.batch_prompts} x rl.group_size={s.rl.group_size} = "
-            f"{rows} rows do not split over the mesh's data x fsdp = {data} x {fsdp} devices"
-        )
-
-
-SETTINGS_FILE = "settings.json"
-
-
-def _plain_settings(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj):
-        return {
-            f.name: _plain_settings(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init
-        }
-    if isinstance(obj, tuple | list):
-        return [_plain_settings(x) for x in obj]
-    return obj
-
-
-def save_settings(settings: Settings, workdir: str | Path) -> Path:
-    """Writes the run's settings as JSON (`workdir/settings.json`), so that tools reading the
-    workdir later (`rlvr_jax.export`, `rlvr_jax.eval`) rebuild the same model and data."""
-    path = Path(workdir) / SETTINGS_FILE
-    if jax.process_index() == 0:
-        path.write_text(json.dumps(_plain_settings(settings), indent=1) + "\n")
-    return path
-
-
-def load_settings(workdir: str | Path) -> Settings:
-    """The settings `save_settings` wrote into `workdir`.
-
-    Raises:
-      FileNotFoundError: when the workdir holds no settings file.
-    """
-    path = Path(workdir) / SETTINGS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: {str(workdir)!r} is not a run's workdir")
-    return settings_from_config(json.loads(path.read_text()), check_devices=False)
-
 
 # ---------------------------------------------------------------------------------------------
 # Building the pieces

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from configs import ablation as ablation_config
-from rlvr_jax import ablate, train
+from rlvr_jax import ablate
 from rlvr_jax.config_types import ConfigError
+from rlvr_jax.program import settings as settings_lib
 
 
 def _split(**ablation):
@@ -24,7 +25,7 @@ def test_every_variant_builds_settings_that_differ_only_where_named():
     assert settings.variants == ablation_config.VARIANTS
     assert settings.seeds == (0, 1, 2, 3, 4)
     built = {
-        name: train.settings_from_config(ablate.variant_config(base, name, 7, settings))
+        name: settings_lib.settings_from_config(ablate.variant_config(base, name, 7, settings))
         for name in settings.variants
     }
     grpo = built["grpo"]
@@ -54,7 +55,7 @@ def test_every_variant_builds_settings_that_differ_only_where_named():
 
 def test_qwen_config_builds():
     settings, base = ablate.split_config(ablation_config.get_config("qwen"))
-    s = train.settings_from_config(ablate.variant_config(base, "rloo", 0, settings))
+    s = settings_lib.settings_from_config(ablate.variant_config(base, "rloo", 0, settings))
     assert s.reward.verifier == "math" and s.rl.group_grad_norms
     assert settings.warm_start_steps == 0
 

@@ -11,6 +11,7 @@ from rlvr_jax import train
 from rlvr_jax.data import templates
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import transformer as tf
+from rlvr_jax.program import settings as settings_lib
 from rlvr_jax.rl import state as state_lib
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,7 +25,7 @@ def test_config_is_consistent(arg, model_type, monkeypatch):
     config = qwen_small.get_config(arg)
     preset = qwen_small.PRESETS[config.model.source]
     config.model.source = f"random:{preset}"
-    s = train.settings_from_config(config)
+    s = settings_lib.settings_from_config(config)
     assert s.train.stage == "rl"
     assert (s.reward.verifier, s.reward.format, s.data.template) == ("math", "r1", "r1_zero")
     assert not templates.get_template(s.data.template).chat

@@ -8,6 +8,7 @@ import numpy as np
 
 from rlvr_jax import sampling, train
 from rlvr_jax.data.datasets import Example
+from rlvr_jax.program import settings as settings_lib
 
 G = 2
 
@@ -80,7 +81,7 @@ def test_tiny_run_with_dynamic_sampling(tmp_path):
     config.data.dynamic_sampling = True
     config.data.dynamic_max_rounds = 3
     config.data.sampler = "curriculum"
-    result = train.run(train.settings_from_config(config), tmp_path, log=lambda _: None)
+    result = train.run(settings_lib.settings_from_config(config), tmp_path, log=lambda _: None)
     assert result["steps"] == 3
     lines = (Path(tmp_path) / "metrics.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]

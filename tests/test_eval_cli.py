@@ -16,6 +16,7 @@ from configs import sft_tiny
 from rlvr_jax import eval as eval_lib
 from rlvr_jax import export, sampling, sft, train
 from rlvr_jax.data import datasets, templates
+from rlvr_jax.program import settings as settings_lib
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,7 +30,7 @@ def run(tmp_path_factory):
     config.train.use_tensorboard = False
     config.sft.eval = False
     config.sft.export = False
-    sft.run(train.settings_from_config(config), workdir, log=lambda _: None)
+    sft.run(settings_lib.settings_from_config(config), workdir, log=lambda _: None)
     return workdir
 
 

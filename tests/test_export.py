@@ -17,6 +17,7 @@ from configs import tiny
 from rlvr_jax import export, train
 from rlvr_jax.model import hf, loading
 from rlvr_jax.model import transformer as tf
+from rlvr_jax.program import settings as settings_lib
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("tiny_run")
-    train.run(train.settings_from_config(_tiny()), workdir, log=lambda _: None)
+    train.run(settings_lib.settings_from_config(_tiny()), workdir, log=lambda _: None)
     return workdir
 
 
@@ -37,7 +38,7 @@ def _tiny():
 
 
 def test_settings_are_saved_and_read_back(tiny_run):
-    assert train.load_settings(tiny_run) == train.settings_from_config(_tiny())
+    assert settings_lib.load_settings(tiny_run) == settings_lib.settings_from_config(_tiny())
 
 
 def test_export_cli_matches_transformers(tiny_run, tmp_path):
@@ -84,6 +85,6 @@ def test_export_of_an_earlier_step_in_bfloat16(tiny_run, tmp_path):
 def test_a_workdir_without_a_run_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="settings.json"):
         export.restore_policy(tmp_path)
-    train.save_settings(train.settings_from_config(tiny.get_config()), tmp_path)
+    settings_lib.save_settings(settings_lib.settings_from_config(tiny.get_config()), tmp_path)
     with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
         export.restore_policy(tmp_path)

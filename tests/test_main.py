@@ -12,6 +12,7 @@ import pytest
 
 from rlvr_jax import train
 from rlvr_jax.config_types import ConfigError
+from rlvr_jax.program import settings as settings_lib
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.py")
@@ -93,16 +94,16 @@ def test_settings_errors_name_the_field():
     config = tiny.get_config()
     config.rl.group_size = 1
     with pytest.raises(ConfigError, match="group_size=1"):
-        train.settings_from_config(config)
+        settings_lib.settings_from_config(config)
     config = tiny.get_config()
     config.rl.loss = {"clip_hihg": 0.3}
     with pytest.raises(ConfigError, match=r"rl\.loss\.clip_hihg"):
-        train.settings_from_config(config)
+        settings_lib.settings_from_config(config)
     config = tiny.get_config()
     config.train.batch_prompts = 3
     config.rl.num_minibatches = 5
     with pytest.raises(ValueError, match="5 minibatches"):
-        train.settings_from_config(config)
+        settings_lib.settings_from_config(config)
 
 
 def test_rows_that_do_not_split_over_the_mesh_fail_before_compiling():
@@ -111,15 +112,15 @@ def test_rows_that_do_not_split_over_the_mesh_fail_before_compiling():
     config = tiny.get_config()  # 8 host devices in tests: mesh (1, 8, 1) by default
     config.train.batch_prompts = 3
     with pytest.raises(ConfigError, match=r"batch_prompts=3 x rl.group_size=4 = 12 rows"):
-        train.settings_from_config(config)
+        settings_lib.settings_from_config(config)
     config.mesh.data, config.mesh.fsdp = 3, 1
     with pytest.raises(ConfigError, match="mesh"):
-        train.settings_from_config(config)
+        settings_lib.settings_from_config(config)
     # A finished run's settings read back on other hardware are not checked against it.
-    assert train.settings_from_config(config, check_devices=False).mesh.data == 3
+    assert settings_lib.settings_from_config(config, check_devices=False).mesh.data == 3
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 2, -1
     config.train.batch_prompts = 1  # 4 rows over fsdp=2, tensor 4
-    assert train.settings_from_config(config).mesh.shape(8) == (1, 2, 4)
+    assert settings_lib.settings_from_config(config).mesh.shape(8) == (1, 2, 4)
 
 
 def test_tiny_run_in_process(tmp_path):
@@ -129,7 +130,7 @@ def test_tiny_run_in_process(tmp_path):
     config.train.steps = 4
     config.train.use_tensorboard = False
     lines = []
-    result = train.run(train.settings_from_config(config), tmp_path, log=lines.append)
+    result = train.run(settings_lib.settings_from_config(config), tmp_path, log=lines.append)
     assert result["steps"] == 4
     assert 0.0 <= result["eval_after"]["eval/accuracy"] <= 1.0
     assert any("before" in line and "after" in line for line in lines)
@@ -146,7 +147,7 @@ def test_host_verifier_path_reports_every_stage(tmp_path):
     config.train.use_tensorboard = False
     config.reward.verifier = "math"
     config.reward.format = "none"
-    result = train.run(train.settings_from_config(config), tmp_path, log=lambda _: None)
+    result = train.run(settings_lib.settings_from_config(config), tmp_path, log=lambda _: None)
     assert result["steps"] == 2
     row = _metrics(tmp_path)[2]
     n = config.train.batch_prompts * config.rl.group_size
@@ -156,10 +157,10 @@ def test_host_verifier_path_reports_every_stage(tmp_path):
 
 
 def test_default_config_lets_every_field_be_overridden():
-    config = train.default_config()
+    config = settings_lib.default_config()
     config.rl.advantage.estimator = "dr_grpo"
     config.rl.loss.dual_clip = 3.0
     config.rl.sampler.max_new_tokens = 16
-    s = train.settings_from_config(config)
+    s = settings_lib.settings_from_config(config)
     assert s.rl.advantage.std_scaling == "none"
     assert s.rl.loss.dual_clip == 3.0

@@ -22,6 +22,7 @@ from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import loading
 from rlvr_jax.model import transformer as tf
+from rlvr_jax.program import settings as settings_lib
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -172,7 +173,7 @@ def test_main_learns_addition_from_a_file_and_exports(tmp_path):
         "tokenizer_config.json",
     ]
     params, cfg = loading.load_model(str(export))
-    settings = train.load_settings(workdir)
+    settings = settings_lib.load_settings(workdir)
     assert settings.train.stage == "sft" and settings.sft.path == str(path)
     tok = train.build_tokenizer(settings.model)
     sampler = dataclasses.replace(settings.rl.sampler, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
@@ -187,7 +188,7 @@ def test_main_learns_addition_from_a_file_and_exports(tmp_path):
 def test_resume_gives_the_same_losses(tmp_path):
     config = _config(sft__eval=False, sft__export=False, train__checkpoint_every=3)
     config.train.steps = 8
-    settings = train.settings_from_config(config)
+    settings = settings_lib.settings_from_config(config)
     straight = sft.run(settings, tmp_path / "a", log=lambda _: None)
     assert straight["resumed_from"] == 0
     # The same run interrupted after step 6: its last checkpoint is that of step 6.
@@ -206,12 +207,12 @@ def test_resume_gives_the_same_losses(tmp_path):
 
 def test_settings_errors_fail_before_compiling(tmp_path):
     with pytest.raises(ConfigError, match="sft: batch_size=0"):
-        train.settings_from_config(_config(sft__batch_size=0))
+        settings_lib.settings_from_config(_config(sft__batch_size=0))
     with pytest.raises(ConfigError, match="sft: prompt_field"):
-        train.settings_from_config(_config(sft__prompt_field="q"))
+        settings_lib.settings_from_config(_config(sft__prompt_field="q"))
     with pytest.raises(ConfigError, match=r"sft: buckets=\(1,\)"):
-        train.settings_from_config(_config(sft__buckets=(1,)))
+        settings_lib.settings_from_config(_config(sft__buckets=(1,)))
     with pytest.raises(ConfigError, match="train.stage='ppo'"):
-        train.settings_from_config(_config(train__stage="ppo"))
+        settings_lib.settings_from_config(_config(train__stage="ppo"))
     with pytest.raises(ConfigError, match="sft.batch_size=4096 exceeds"):
-        sft.run(train.settings_from_config(_config(sft__batch_size=4096)), tmp_path, print)
+        sft.run(settings_lib.settings_from_config(_config(sft__batch_size=4096)), tmp_path, print)

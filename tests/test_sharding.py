@@ -118,15 +118,15 @@ def test_mesh_config_takes_the_remainder_and_names_bad_sizes():
 
 def test_the_config_has_a_mesh_section():
     from configs import tiny
-    from rlvr_jax import train
+    from rlvr_jax.program import settings as settings_lib
 
     config = tiny.get_config()
     assert dict(config.mesh) == {"data": 1, "fsdp": -1, "tensor": 1}
     config.mesh.tensor = 2
-    assert train.settings_from_config(config).mesh == sharding.MeshConfig(1, -1, 2)
+    assert settings_lib.settings_from_config(config).mesh == sharding.MeshConfig(1, -1, 2)
     config.mesh.data = -1
     with pytest.raises(ValueError, match="at most one axis may be -1"):
-        train.settings_from_config(config)
+        settings_lib.settings_from_config(config)
 
 
 def test_dimensions_the_mesh_does_not_divide_fall_back():
