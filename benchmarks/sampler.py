@@ -38,8 +38,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from rlvr_jax import decode, sampling  # noqa: E402
-from rlvr_jax.model import hf, transformer  # noqa: E402
+from rlvr_jax import sampling  # noqa: E402
+from rlvr_jax.model import decode, hf, transformer  # noqa: E402
 from rlvr_jax.model.config import PRESETS, ModelConfig  # noqa: E402
 
 PROMPT_LEN = 64

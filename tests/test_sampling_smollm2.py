@@ -12,7 +12,7 @@ from rlvr_jax import sampling
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import gguf
 from rlvr_jax.sampling import SamplerConfig
-from tests.test_sampling import hf_greedy, teacher_forced_logp
+from tests.sampling.fixtures import hf_greedy, teacher_forced_logp
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -206,7 +206,7 @@ def rows_sharding(mesh: Mesh, num_rows: int) -> NamedSharding:
 
 
 def decode_cache_shardings(cache: Any, model_cfg: ModelConfig, mesh: Mesh) -> Any:
-    """Shardings of a sampler cache (`decode.DecodeCache`, stacked (L, N, K, S, Dh) or per-layer
+    """Shardings of a sampler cache (`kv_cache.KVCache`, stacked (L, N, K, S, Dh) or per-layer
     (N, K, S, Dh) leaves): kv heads over "tensor" when it divides them, else the tensor axis
     joins the rows."""
     heads_split = model_cfg.num_kv_heads % mesh.shape["tensor"] == 0

@@ -246,12 +246,13 @@ def _layer(
     dt = x_BTD.dtype
     q, k, v = _qkv(x_BTD, w, rope, cfg)
     if kv is not None:
+        # The cache is laid out (B, K, S, Dh), the decode layout (see kv_cache.py); XLA folds the
+        # transposes of the read into the attention matmuls.
         cache_k, cache_v = kv
-        start = (0, write_index, 0, 0)
-        cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), start)
-        cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
-        kv = (cache_k, cache_v)
-        k, v = cache_k.astype(dt), cache_v.astype(dt)
+        start = (0, 0, write_index, 0)
+        put = lambda c, x: jax.lax.dynamic_update_slice(c, x.swapaxes(1, 2).astype(c.dtype), start)
+        kv = (put(cache_k, k), put(cache_v, v))
+        k, v = (c.swapaxes(1, 2).astype(dt) for c in kv)
     return _out_and_mlp(x_BTD, attention(q, k, v, mask_BTS, cfg), w, cfg), kv
 
 
@@ -270,8 +271,9 @@ def hidden_states(
       tokens_BT: token ids.
       positions_BT: RoPE positions (see `positions_from_mask` for left-padded rows).
       cfg: the architecture.
-      cache: None for a full causal pass over `tokens_BT`; else the new tokens are written into
-        slots `cache.index .. cache.index + T - 1` and attend to every earlier valid slot.
+      cache: None for a full causal pass over `tokens_BT`; else a stacked cache with its slot
+        mask and index (`kv_cache.init_cache`): the new tokens are written into slots
+        `cache.index .. cache.index + T - 1` and attend to every earlier valid slot.
       mask_BT: which tokens are real (False for padding); padded keys are never attended to.
         Defaults to all True.
     """
@@ -286,7 +288,7 @@ def hidden_states(
         mask_BTS = causal_TT[None] & mask_BT[:, None, :]
         write_index = None
     else:
-        S = cache.k.shape[2]
+        S = cache.num_slots
         write_index = cache.index
         key_mask_BS = jax.lax.dynamic_update_slice(cache.mask, mask_BT, (0, write_index))
         query_slot_T = write_index + jnp.arange(T)

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlvr_jax.types import FINISH_LENGTH
+
 Array = jax.Array
 OPERATORS = "+-*"
 
@@ -192,7 +194,6 @@ def make_reward_fn(table: DigitTable, format_weight: float = 0.0):
 
     The reward is `correct + format_weight * format`; both parts are reported.
     """
-    from rlvr_jax.sampling import FINISH_LENGTH
 
     def reward_fn(rollout, answers: Answers):
         ended = rollout.finish_N != FINISH_LENGTH

@@ -1,9 +1,10 @@
-"""The sampler's model side: prefill into a decode cache, and one-token decode steps.
+"""The sampler's model side: prefill into a KV cache, and one-token decode steps.
 
 Prefill runs `transformer.hidden_states` over the left-padded prompts. Decode runs one token per
 row through the block functions of `transformer._layer` (projections, RoPE, output and MLP), with
-its own attention over a cache laid out (N, K, S, Dh) per layer, so that attention is a batched
-matmul over (N, K) with no transpose. Two layer loops:
+its own attention over the cache's (N, K, S, Dh) layers (`kv_cache.KVCache`), so that attention
+is a batched matmul over (N, K) with no transpose. The cache here holds keys and values only: the
+sampler's loop keeps the prompt mask and the slot to write. Two layer loops:
 
 * "scan": layers stacked on L under `lax.scan` (compile time independent of depth), the cache one
   (L, N, K, S, Dh) array. Attention reads only the filled prefix of the cache, rounded up to a
@@ -24,38 +25,20 @@ Shapes: N rows, P prompt bucket, S cache slots, L layers, K kv heads, G query he
 Dh head dim, D embed, V vocab.
 """
 
-# Dataclass fields and names carry their shapes, which N815 would read as mixedCase.
-# ruff: noqa: N815
-
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax.model import transformer
+from rlvr_jax.model import kv_cache, transformer
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.kv_cache import KVCache
 
 Array = jax.Array
 LAYER_LOOPS = ("auto", "scan", "unroll")
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class DecodeCache:
-    """Keys and values of all layers: (L, N, K, S, Dh) arrays ("scan"), or tuples of L arrays
-    (N, K, S, Dh) ("unroll")."""
-
-    k: Array | tuple[Array, ...]
-    v: Array | tuple[Array, ...]
-
-    @property
-    def unrolled(self) -> bool:
-        return isinstance(self.k, tuple)
 
 
 def resolve_layer_loop(layer_loop: str) -> str:
@@ -69,24 +52,25 @@ def resolve_layer_loop(layer_loop: str) -> str:
 
 def init_decode_cache(
     model_cfg: ModelConfig, num_rows: int, num_slots: int, dtype: str, layer_loop: str
-) -> DecodeCache:
-    """A zeroed cache of `num_slots` slots for `num_rows` rows."""
+) -> KVCache:
+    """A zeroed cache of `num_slots` slots for `num_rows` rows, keys and values only, stacked or
+    per layer as `layer_loop` resolves."""
     L, K, Dh = model_cfg.num_layers, model_cfg.num_kv_heads, model_cfg.head_dim
     if resolve_layer_loop(layer_loop) == "unroll":
         zeros = lambda: tuple(jnp.zeros((num_rows, K, num_slots, Dh), dtype) for _ in range(L))
-        return DecodeCache(k=zeros(), v=zeros())
+        return KVCache(k=zeros(), v=zeros())
     shape = (L, num_rows, K, num_slots, Dh)
-    return DecodeCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
 
 def prefill(
     params: transformer.Params,
     prompt_NP: Array,
     prompt_mask_NP: Array,
-    cache: DecodeCache,
+    cache: KVCache,
     model_cfg: ModelConfig,
     group: int = 1,
-) -> tuple[Array, DecodeCache]:
+) -> tuple[Array, KVCache]:
     """Runs the prompts, writes their keys/values into slots [0, P) of `cache` (in place).
 
     With `group` > 1 the rows come in groups of that many copies of one prompt (rows
@@ -98,14 +82,8 @@ def prefill(
     """
     prompt_NP, prompt_mask_NP = prompt_NP[::group], prompt_mask_NP[::group]
     N, P = prompt_NP.shape  # the rows prefilled: one per group
-    shape = (model_cfg.num_layers, N, P, model_cfg.num_kv_heads, model_cfg.head_dim)
-    dt = (cache.k[0] if cache.unrolled else cache.k).dtype
-    kv = KVCache(
-        k=jnp.zeros(shape, dt),
-        v=jnp.zeros(shape, dt),
-        mask=jnp.zeros((N, P), bool),
-        index=jnp.zeros((), jnp.int32),
-    )
+    # A cache of the prompt's P slots only, so prefill attention spans P, not S, slots.
+    kv = kv_cache.init_cache(model_cfg, N, P, cache.dtype)
     positions_NP = transformer.positions_from_mask(prompt_mask_NP)
     h_NPD, kv = transformer.hidden_states(
         params, prompt_NP, positions_NP, model_cfg, kv, prompt_mask_NP
@@ -113,18 +91,17 @@ def prefill(
     # Left padding puts every row's last prompt token in column P - 1; projecting only that
     # column avoids an (N, P, V) logits array.
     logits_NV = transformer.logits_from_hidden(params, h_NPD[:, -1:], model_cfg)[:, 0]
-    k_LNKPd = kv.k.transpose(0, 1, 3, 2, 4)
-    v_LNKPd = kv.v.transpose(0, 1, 3, 2, 4)
+    k_LNKPd, v_LNKPd = kv.k, kv.v
     if group > 1:
         logits_NV = jnp.repeat(logits_NV, group, axis=0)
         k_LNKPd, v_LNKPd = (jnp.repeat(x, group, axis=1) for x in (k_LNKPd, v_LNKPd))
     put = jax.lax.dynamic_update_slice
     if cache.unrolled:
-        return logits_NV, DecodeCache(
+        return logits_NV, KVCache(
             k=tuple(put(c, k_LNKPd[i], (0, 0, 0, 0)) for i, c in enumerate(cache.k)),
             v=tuple(put(c, v_LNKPd[i], (0, 0, 0, 0)) for i, c in enumerate(cache.v)),
         )
-    return logits_NV, DecodeCache(
+    return logits_NV, KVCache(
         k=put(cache.k, k_LNKPd, (0, 0, 0, 0, 0)), v=put(cache.v, v_LNKPd, (0, 0, 0, 0, 0))
     )
 
@@ -180,7 +157,7 @@ def _window_attention(
     q_NKGd: Array,
     k_NKd: Array,
     v_NKd: Array,
-    cache: DecodeCache,
+    cache: KVCache,
     layer: Array,
     prompt_mask_NP: Array,
     slot: Array,
@@ -208,13 +185,13 @@ def _window_attention(
 def _scan_layers(
     x_ND: Array,
     params: transformer.Params,
-    cache: DecodeCache,
+    cache: KVCache,
     rope_N: tuple[Array, Array],
     prompt_mask_NP: Array,
     slot: Array,
     cfg: ModelConfig,
     windows: tuple[int, ...],
-) -> tuple[Array, DecodeCache]:
+) -> tuple[Array, KVCache]:
     # Smallest window that holds slots [0, slot).
     branch = jnp.sum(jnp.asarray(windows) < slot)
     attends = [functools.partial(_window_attention, window=w) for w in windows]
@@ -231,7 +208,7 @@ def _scan_layers(
     # Written after the scan, once: the scan only reads the cache, so the update is in place.
     at = (0, 0, 0, slot, 0)
     put = lambda c, new: jax.lax.dynamic_update_slice(c, new[:, :, :, None].astype(c.dtype), at)
-    return x_ND, DecodeCache(k=put(cache.k, k_LNKd), v=put(cache.v, v_LNKd))
+    return x_ND, KVCache(k=put(cache.k, k_LNKd), v=put(cache.v, v_LNKd))
 
 
 def _span_attention(
@@ -249,13 +226,13 @@ def _span_attention(
 def _unrolled_layers(
     x_ND: Array,
     layers: list[transformer.Layers],
-    cache: DecodeCache,
+    cache: KVCache,
     rope_N: tuple[Array, Array],
     prompt_mask_NP: Array,
     slot: Array,
     cfg: ModelConfig,
     windows: tuple[int, ...],
-) -> tuple[Array, DecodeCache]:
+) -> tuple[Array, KVCache]:
     # Write first, then attend to the buffer just written: each buffer's only reader follows its
     # update, so XLA updates it in place (reading it before the write made XLA copy it).
     put = lambda c, new: jax.lax.dynamic_update_slice(c, new[:, :, None].astype(c.dtype), at)
@@ -270,20 +247,20 @@ def _unrolled_layers(
         args = (q, ks[i], vs[i], prompt_mask_NP, slot)
         attn = attends[0](*args) if len(attends) == 1 else jax.lax.switch(branch, attends, *args)
         x_ND = _out_and_mlp(x_ND, attn, w, cfg)
-    return x_ND, DecodeCache(k=tuple(ks), v=tuple(vs))
+    return x_ND, KVCache(k=tuple(ks), v=tuple(vs))
 
 
 def decode_step(
     params: transformer.Params,
     layers: list[transformer.Layers] | None,
-    cache: DecodeCache,
+    cache: KVCache,
     tokens_N: Array,
     rope_N: tuple[Array, Array],
     prompt_mask_NP: Array,
     slot: Array,
     model_cfg: ModelConfig,
     windows: tuple[int, ...],
-) -> tuple[Array, DecodeCache]:
+) -> tuple[Array, KVCache]:
     """One token per row through the decoder; its keys/values go to cache slot `slot`.
 
     Args:

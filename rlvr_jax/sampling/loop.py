@@ -1,0 +1,287 @@
+"""The sampling program: prefill, then one jitted `lax.while_loop` of one-token decode steps.
+
+The sampler runs on whatever mesh its inputs live on (rows sharded over the data axes, parameters
+as the trainer holds them), from the same parameter buffers the optimizer updates.
+
+* Prefill runs `transformer.hidden_states` over the left-padded prompts; decode runs the one-token
+  step of `rlvr_jax.model.decode` (a layer scan on accelerators, an unrolled layer loop on CPU)
+  inside one `lax.while_loop` that stops when every row is done. The cache is donated and
+  returned, so a caller that keeps it allocates it once.
+* Each step chooses a token per row (`choice`), may replace it by the think budget's injected
+  text, and matches the end ids and stop sequences (`stops`); a row that ended emits `pad_id`.
+* The same shapes and static settings never compile again: per-call values, the rng included,
+  are arrays.
+
+Shapes: N rows (B prompts x G samples), P prompt bucket, T = max_new_tokens, S cache slots, V vocab,
+W matched-token window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlvr_jax.model import decode, transformer
+from rlvr_jax.model.config import ModelConfig
+from rlvr_jax.model.kv_cache import KVCache
+from rlvr_jax.sampling import stops
+from rlvr_jax.sampling.choice import choose_tokens, row_uniforms
+from rlvr_jax.sampling.config import SamplerConfig, SamplingParams, sampling_params
+from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, Rollout
+
+Array = jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _State:
+    """The decode loop's carry. `step` tokens have been emitted; `last_N` is fed next."""
+
+    step: Array  # () int32
+    cache: KVCache
+    u_NT: Array  # (N, T) f32 in (0, 1]: the uniform each row draws its token t with
+    last_N: Array  # (N,) int32
+    done_N: Array  # (N,) bool
+    finish_N: Array  # (N,) int32
+    tokens_NT: Array
+    logp_NT: Array
+    mask_NT: Array
+    injected_NT: Array
+    history_NW: Array  # (N, W) int32, last W emitted tokens, -1 before the first
+    in_think_N: Array  # (N,) bool
+    think_count_N: Array  # (N,) int32 tokens emitted since the block opened
+    inject_pos_N: Array  # (N,) int32 next index into think_stop; 0 when not injecting
+
+
+def num_cache_slots(prompt_len: int, cfg: SamplerConfig) -> int:
+    """S: the prompt plus every generated token but the last, which is never fed back."""
+    return prompt_len + cfg.max_new_tokens - 1
+
+
+def init_decode_cache(
+    model_cfg: ModelConfig, cfg: SamplerConfig, num_rows: int, prompt_len: int
+) -> KVCache:
+    """A zeroed cache for `num_rows` rows of prompt bucket `prompt_len`, to pass (donated) to
+    `generate` and get back for the next call with the same shapes."""
+    dtype = cfg.cache_dtype or model_cfg.dtype
+    S = num_cache_slots(prompt_len, cfg)
+    return decode.init_decode_cache(model_cfg, num_rows, S, dtype, cfg.layer_loop)
+
+
+def _emit(s: _State, logits_NV: Array, sp: SamplingParams, cfg: SamplerConfig) -> _State:
+    """Chooses, records and matches one token per row."""
+    t = s.step
+    u_N = jax.lax.dynamic_index_in_dim(s.u_NT, t, axis=1, keepdims=False)
+    tok, logp = choose_tokens(logits_NV, sp, u_N, cfg)
+    active = ~s.done_N
+    tok, logp, injecting, inject_pos = stops.inject_think_stop(
+        tok, logp, active, s.in_think_N, s.think_count_N, s.inject_pos_N, cfg
+    )
+    tok = jnp.where(active, tok, cfg.pad_id)
+    logp = jnp.where(active, logp, 0.0)
+    history = jnp.concatenate([s.history_NW[:, 1:], tok[:, None]], axis=1)
+    eos, stop = stops.ended(history, tok, active & ~injecting, cfg)
+    in_think, count = stops.track_think(history, active, s.in_think_N, s.think_count_N, cfg)
+    put = lambda buf, col: jax.lax.dynamic_update_slice(buf, col[:, None], (0, t))
+    return dataclasses.replace(
+        s,
+        step=t + 1,
+        last_N=tok,
+        done_N=s.done_N | eos | stop,
+        finish_N=jnp.where(eos, FINISH_EOS, jnp.where(stop, FINISH_STOP, s.finish_N)),
+        tokens_NT=put(s.tokens_NT, tok),
+        logp_NT=put(s.logp_NT, logp.astype(jnp.float32)),
+        mask_NT=put(s.mask_NT, active),
+        injected_NT=put(s.injected_NT, injecting),
+        history_NW=history,
+        in_think_N=in_think,
+        think_count_N=count,
+        inject_pos_N=inject_pos,
+    )
+
+
+def _check_shapes(
+    cache: KVCache, sp: SamplingParams, N: int, P: int, model_cfg: ModelConfig, cfg: SamplerConfig
+) -> None:
+    """Raises ValueError for a cache, a prompt group or sampling values that do not fit N x P."""
+    expected = jax.eval_shape(lambda: init_decode_cache(model_cfg, cfg, N, P))
+    describe = lambda c: jax.tree.map(lambda a: (a.shape, str(a.dtype)), c)
+    if describe(cache) != describe(expected):
+        got, want = (
+            jax.tree.leaves(describe(cache))[:2],
+            jax.tree.leaves(describe(expected))[:2],
+        )
+        raise ValueError(
+            f"cache leaves start {got}; {N} rows of bucket {P} with layer_loop="
+            f"{cfg.layer_loop!r} need {want} (see init_decode_cache)"
+        )
+    if N % cfg.prompt_group:
+        raise ValueError(f"{N} rows do not split into groups of prompt_group={cfg.prompt_group}")
+    for field in dataclasses.fields(sp):
+        name, x = field.name, getattr(sp, field.name)
+        if x.shape != (N,):
+            raise ValueError(f"SamplingParams.{name} has shape {x.shape}; expected ({N},)")
+
+
+def _initial_state(
+    cache: KVCache, prompt_NP: Array, prompt_mask_NP: Array, rng: Array, cfg: SamplerConfig
+) -> _State:
+    """The carry before the first token: nothing emitted, each row's uniforms drawn."""
+    N = prompt_NP.shape[0]
+    T = cfg.max_new_tokens
+    if cfg.think_budget:
+        in_think = stops.prompt_in_think(prompt_NP, prompt_mask_NP, cfg)
+    else:
+        in_think = jnp.zeros((N,), bool)
+    zeros_N = jnp.zeros((N,), jnp.int32)
+    return _State(
+        step=jnp.zeros((), jnp.int32),
+        cache=cache,
+        u_NT=row_uniforms(rng, N, T) if cfg.method == "sample" else jnp.ones((N, T)),
+        last_N=zeros_N,
+        done_N=jnp.zeros((N,), bool),
+        finish_N=jnp.full((N,), FINISH_LENGTH, jnp.int32),
+        tokens_NT=jnp.full((N, T), cfg.pad_id, jnp.int32),
+        logp_NT=jnp.zeros((N, T), jnp.float32),
+        mask_NT=jnp.zeros((N, T), bool),
+        injected_NT=jnp.zeros((N, T), bool),
+        history_NW=jnp.full((N, cfg.match_window), -1, jnp.int32),
+        in_think_N=in_think,
+        think_count_N=zeros_N,
+        inject_pos_N=zeros_N,
+    )
+
+
+def _generate(
+    params: transformer.Params,
+    prompt_NP: Array,
+    prompt_lengths_N: Array,
+    rng: Array,
+    sp: SamplingParams,
+    cache: KVCache | None,
+    *,
+    model_cfg: ModelConfig,
+    cfg: SamplerConfig,
+) -> tuple[Rollout, KVCache]:
+    """Samples `cfg.max_new_tokens` tokens after each prompt; jitted once, as `generate`.
+
+    Args:
+      params: the policy weights (any sharding; rows of the inputs may be sharded over the mesh).
+      prompt_NP: left-padded prompt ids (see `bucket_and_pad`).
+      prompt_lengths_N: real tokens per row, at least 1.
+      rng: a PRNG key; row i draws from fold_in(rng, i) (see `row_uniforms`).
+      sp: per-row `SamplingParams`.
+      cache: a `KVCache` from `init_decode_cache` (donated, returned for reuse), or None to
+        allocate one inside the program.
+      model_cfg: the architecture (static).
+      cfg: the `SamplerConfig` (static).
+
+    Returns:
+      (Rollout, KVCache). The same shapes and static settings never compile again.
+    """
+    N, P = prompt_NP.shape
+    T = cfg.max_new_tokens
+    if cache is None:
+        cache = init_decode_cache(model_cfg, cfg, N, P)
+    _check_shapes(cache, sp, N, P, model_cfg, cfg)
+    prompt_NP = prompt_NP.astype(jnp.int32)
+    prompt_lengths_N = prompt_lengths_N.astype(jnp.int32)
+    prompt_mask_NP = jnp.arange(P)[None, :] >= (P - prompt_lengths_N)[:, None]
+
+    logits_NV, cache = decode.prefill(
+        params, prompt_NP, prompt_mask_NP, cache, model_cfg, cfg.prompt_group
+    )
+    state = _initial_state(cache, prompt_NP, prompt_mask_NP, rng, cfg)
+    state = _emit(state, logits_NV, sp, cfg)
+    windows = decode.attention_windows(P, num_cache_slots(P, cfg), cfg.attention_chunk)
+    layers = decode.unstack_layers(params) if cache.unrolled else None
+    # RoPE of every fed token, built once: the token fed at step t sits at position len + t - 1.
+    positions_TN = prompt_lengths_N[None, :] + jnp.arange(T)[:, None]
+    cos_TNh, sin_TNh = transformer.rope_tables(positions_TN, model_cfg, jnp.float32)
+
+    def body(s: _State) -> _State:
+        fed = s.step - 1  # index of the token fed now
+        row = lambda table: jax.lax.dynamic_index_in_dim(table, fed, keepdims=False)
+        logits, cache = decode.decode_step(
+            params,
+            layers,
+            s.cache,
+            s.last_N,
+            (row(cos_TNh), row(sin_TNh)),
+            prompt_mask_NP,
+            P + fed,
+            model_cfg,
+            windows,
+        )
+        return _emit(dataclasses.replace(s, cache=cache), logits, sp, cfg)
+
+    state = jax.lax.while_loop(lambda s: (s.step < T) & ~jnp.all(s.done_N), body, state)
+    rollout = Rollout(
+        prompt_NP=prompt_NP,
+        prompt_lengths_N=prompt_lengths_N,
+        tokens_NT=state.tokens_NT,
+        logp_NT=state.logp_NT,
+        mask_NT=state.mask_NT,
+        injected_NT=state.injected_NT,
+        lengths_N=jnp.sum(state.mask_NT, axis=1, dtype=jnp.int32),
+        finish_N=state.finish_N,
+    )
+    return rollout, state.cache
+
+
+generate = jax.jit(_generate, static_argnames=("model_cfg", "cfg"), donate_argnames=("cache",))
+
+
+def sample(
+    params: transformer.Params,
+    prompt_NP: np.ndarray | Array,
+    prompt_lengths_N: np.ndarray | Array,
+    rng: Array,
+    model_cfg: ModelConfig,
+    cfg: SamplerConfig,
+    sp: SamplingParams | None = None,
+) -> Rollout:
+    """`generate` with checks of host inputs and default sampling values (temperature 1).
+
+    Raises:
+      ValueError: for misshapen prompts, lengths outside [1, P], token ids outside the vocab,
+        or (with `cfg.prompt_group` > 1) a group whose rows hold different prompts.
+    """
+    if prompt_NP.ndim != 2 or prompt_lengths_N.shape != prompt_NP.shape[:1]:
+        raise ValueError(
+            f"prompt_NP {prompt_NP.shape} and prompt_lengths_N {prompt_lengths_N.shape} must be "
+            "(N, P) and (N,)"
+        )
+    N, P = prompt_NP.shape
+    if isinstance(prompt_NP, np.ndarray) and isinstance(prompt_lengths_N, np.ndarray):
+        bad = np.flatnonzero((prompt_lengths_N < 1) | (prompt_lengths_N > P))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"prompt_lengths_N[{i}]={prompt_lengths_N[i]} is outside [1, {P}]")
+        real = np.arange(P)[None, :] >= (P - prompt_lengths_N)[:, None]
+        ids = np.where(real, prompt_NP, 0)
+        if ids.min() < 0 or ids.max() >= model_cfg.vocab_size:
+            i, j = np.argwhere((ids < 0) | (ids >= model_cfg.vocab_size))[0]
+            raise ValueError(
+                f"prompt_NP[{i}, {j}]={prompt_NP[i, j]} is not a token id of a vocabulary of "
+                f"{model_cfg.vocab_size}"
+            )
+        G = cfg.prompt_group
+        if G > 1 and N % G == 0:
+            first = np.repeat(ids[::G], G, axis=0), np.repeat(prompt_lengths_N[::G], G)
+            differs = (ids != first[0]).any(axis=1) | (prompt_lengths_N != first[1])
+            if differs.any():
+                i = int(np.argmax(differs))
+                raise ValueError(
+                    f"row {i}'s prompt differs from row {i - i % G}'s, but prompt_group={G} "
+                    "prefills one prompt per group of rows"
+                )
+    if sp is None:
+        sp = sampling_params(N)
+    rollout, _ = generate(
+        params, prompt_NP, prompt_lengths_N, rng, sp, None, model_cfg=model_cfg, cfg=cfg
+    )
+    return rollout
