@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax import sampling
+from rlvr_jax.data import tokenizer as tokenizer_lib
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import hf, loading
 from rlvr_jax.model.config import ModelConfig
@@ -212,7 +213,7 @@ def build_task(name: str, sizes: Sizes, count: int, workdir: Path, args) -> Task
         tokenizer = Tokenizer(_load_hf_tokenizer(directory))
     elif name == "smollm2-135m":
         params, cfg = loading.load_model(loading.EMBEDDED)
-        tokenizer = loading.load_tokenizer(loading.EMBEDDED)
+        tokenizer = tokenizer_lib.load_tokenizer(loading.EMBEDDED)
         hf.save_hf(params, cfg, directory, tokenizer=tokenizer)
     else:
         raise ValueError(f"unknown model {name!r}")

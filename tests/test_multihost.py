@@ -48,7 +48,7 @@ def _train(jax, mesh, checkpoint_dir=None):
     metrics = []
     for i in range(STEPS):
         state, m = step(state, sharding.place(batch(i), plan.rows))
-        metrics.append({k: np.asarray(v) for k, v in jax.device_get(m).items()})
+        metrics.append({k: np.asarray(v) for k, v in jax.device_get(m.metrics).items()})
         if checkpoint_dir is not None and i == 0:
             with ckpt_lib.Checkpointer(checkpoint_dir, every_steps=1, ref_source=None) as ck:
                 ck.save(1, state, {"step": 1, "process": jax.process_index()}, force=True)

@@ -82,12 +82,13 @@ def _run(task, mesh=None, steps=2):
         plan = sharding_plan.plan_step(state, cfg, mesh, B * G)
         state = sharding.place(state, plan.state)
     step = ts.build_train_step(cfg, rl, opt, sched, reward_fn, plan)
-    metrics = []
+    outs = []
     for i in range(steps):
         b = batch(i) if plan is None else sharding.place(batch(i), plan.rows)
-        state, m = step(state, b)
-        metrics.append(jax.device_get(m))
-    return state, metrics, plan
+        state, out = step(state, b)
+        assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves(out))
+        outs.append(jax.device_get(out))
+    return state, outs, plan
 
 
 @pytest.fixture(scope="module")
@@ -216,14 +217,18 @@ def test_vocabulary_matrices_and_their_gradients_stay_split():
 # path below runs fsdp x tensor = 2 x 4.
 @pytest.mark.parametrize("shape", [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 1, 8)])
 def test_sharded_train_step_equals_one_device(task, one_device, shape):
-    want_state, want_metrics, _ = one_device
+    want_state, want_outs, _ = one_device
     mesh = sharding.make_mesh(sharding.MeshConfig(*shape))
-    state, metrics, plan = _run(task, mesh)
-    for got, want in zip(metrics, want_metrics, strict=True):
-        assert got.keys() == want.keys()
-        for k in want:
-            np.testing.assert_allclose(got[k], want[k], atol=ATOL, rtol=1e-5, err_msg=k)
-    assert float(metrics[0]["reward/std"]) > 0  # the rollouts are not trivially equal
+    state, outs, plan = _run(task, mesh)
+    for got, want in zip(outs, want_outs, strict=True):
+        assert got.metrics.keys() == want.metrics.keys()
+        for k in want.metrics:
+            np.testing.assert_allclose(
+                got.metrics[k], want.metrics[k], atol=ATOL, rtol=1e-5, err_msg=k
+            )
+        for x, y in zip(jax.tree.leaves(got.rows), jax.tree.leaves(want.rows), strict=True):
+            np.testing.assert_allclose(x, y, atol=ATOL, rtol=1e-5)
+    assert float(outs[0].metrics["reward/std"]) > 0  # the rollouts are not trivially equal
     for x, y in zip(_arrays(state), _arrays(want_state), strict=True):
         np.testing.assert_allclose(x, y, atol=PARAM_ATOL)
     for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(plan.state), strict=True):
@@ -237,7 +242,7 @@ def test_sharded_train_step_equals_one_device(task, one_device, shape):
 
 def test_host_verifier_path_on_a_mesh_equals_the_fused_step(task, one_device):
     cfg, rl, ocfg, reward_fn, batch = task
-    want_state, want_metrics, _ = one_device
+    want_state, want_outs, _ = one_device
     mesh = sharding.make_mesh(sharding.MeshConfig(1, 2, 4))
     opt, state = _fresh_state(cfg, ocfg)
     sched = state_lib.learning_rate_schedule(ocfg)
@@ -250,10 +255,12 @@ def test_host_verifier_path_on_a_mesh_equals_the_fused_step(task, one_device):
         rollout = rollout_fn(state.params, sharding.place(batch(i), plan.rows), key)
         assert rollout.tokens_NT.sharding.is_fully_replicated
         rewards, parts = jax.device_get(reward_fn(rollout, batch(i).targets))  # host values
-        state, metrics = update_fn(state, rollout, rewards, parts)
-        metrics = jax.device_get(metrics)
-        for k, want in want_metrics[i].items():
-            np.testing.assert_allclose(metrics[k], want, atol=ATOL, rtol=1e-5, err_msg=k)
+        state, out = update_fn(state, rollout, rewards, parts)
+        assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves(out))
+        out = jax.device_get(out)
+        for k, want in want_outs[i].metrics.items():
+            np.testing.assert_allclose(out.metrics[k], want, atol=ATOL, rtol=1e-5, err_msg=k)
+        np.testing.assert_array_equal(out.rows.correct_N, want_outs[i].rows.correct_N)
     for x, y in zip(_arrays(state), _arrays(want_state), strict=True):
         np.testing.assert_allclose(x, y, atol=PARAM_ATOL)
     assert state.params.layers.gate.sharding.is_equivalent_to(plan.state.params.layers.gate, 3)
@@ -338,13 +345,13 @@ def test_bf16_parameters_with_f32_master_weights_run_sharded(task):
     )
     before = jax.device_get(state.params)
     for i in range(2):
-        state, metrics = step(state, sharding.place(batch(i), plan.rows))
+        state, out = step(state, sharding.place(batch(i), plan.rows))
     is_float = lambda x: jnp.issubdtype(x.dtype, jnp.floating)  # noqa: E731
     float_leaves = [x for x in jax.tree.leaves(state.opt_state) if is_float(x)]
     assert len(float_leaves) == 3 * jax.tree.structure(state.params).num_leaves  # master, mu, nu
     assert {x.dtype for x in float_leaves} == {jnp.dtype(jnp.float32)}
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.bfloat16)}
-    assert float(metrics["grad_norm"]) > 0
+    assert float(out.metrics["grad_norm"]) > 0
     for m, p, b in zip(
         jax.tree.leaves(state.opt_state.master),
         jax.tree.leaves(state.params),

@@ -140,6 +140,11 @@ class LossConfig:
         """Whether the loss carries a KL term (and so needs `ref_logp_NT`)."""
         return self.kl_beta > 0 and self.kl_in == "loss"
 
+    @property
+    def kl_in_reward(self) -> bool:
+        """Whether the rewards carry the KL penalty (`kl_penalized_rewards`) instead."""
+        return self.kl_beta > 0 and self.kl_in == "reward"
+
 
 def _masked_mean(x_NT: Array, mask_NT: Array) -> Array:
     return jnp.sum(jnp.where(mask_NT, x_NT, 0.0)) / jnp.maximum(jnp.sum(mask_NT), 1)
@@ -246,6 +251,26 @@ def _log_ratio(logp_NT: Array, old_logp_NT: Array, mask_NT: Array, policy_loss: 
     return jnp.where(mask_NT, token_lr_NT, 0.0)
 
 
+def _surrogate(ratio_NT: Array, A_N1: Array, cfg: LossConfig) -> tuple[Array, dict[str, Array]]:
+    """The per-token policy-gradient surrogate of `cfg.policy_loss` and where each clip is active
+    ("clip_low", "clip_high", "dual": bool (N, T))."""
+    no_clip_NT = jnp.zeros(ratio_NT.shape, bool)
+    clips = {"clip_low": no_clip_NT, "clip_high": no_clip_NT, "dual": no_clip_NT}
+    if cfg.policy_loss == "reinforce":
+        return -A_N1 * ratio_NT, clips
+    lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
+    unclipped_NT = -A_N1 * ratio_NT
+    clipped_NT = -A_N1 * jnp.clip(ratio_NT, lo, hi)
+    pg_NT = jnp.maximum(unclipped_NT, clipped_NT)
+    clips["clip_low"] = (A_N1 < 0) & (ratio_NT < lo)
+    clips["clip_high"] = (A_N1 > 0) & (ratio_NT > hi)
+    if cfg.dual_clip is not None:
+        c = cfg.dual_clip
+        pg_NT = jnp.where(A_N1 < 0, jnp.minimum(pg_NT, -A_N1 * c), pg_NT)
+        clips["dual"] = (A_N1 < 0) & (ratio_NT > c)
+    return pg_NT, clips
+
+
 def per_token_loss(
     logp_NT: Array,
     old_logp_NT: Array,
@@ -280,23 +305,8 @@ def per_token_loss(
 
     ratio_NT = jnp.exp(_log_ratio(logp_NT, old_logp_NT, mask_NT, cfg.policy_loss))
     parts["ratio"] = jax.lax.stop_gradient(ratio_NT)
-    if cfg.policy_loss == "reinforce":
-        pg_NT = -A_N1 * ratio_NT
-        no_clip = jnp.zeros_like(mask_NT)
-        parts["clip_low"], parts["clip_high"], parts["dual"] = no_clip, no_clip, no_clip
-    else:
-        lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
-        unclipped_NT = -A_N1 * ratio_NT
-        clipped_NT = -A_N1 * jnp.clip(ratio_NT, lo, hi)
-        pg_NT = jnp.maximum(unclipped_NT, clipped_NT)
-        parts["clip_low"] = (A_N1 < 0) & (ratio_NT < lo)
-        parts["clip_high"] = (A_N1 > 0) & (ratio_NT > hi)
-        if cfg.dual_clip is not None:
-            c = cfg.dual_clip
-            pg_NT = jnp.where(A_N1 < 0, jnp.minimum(pg_NT, -A_N1 * c), pg_NT)
-            parts["dual"] = (A_N1 < 0) & (ratio_NT > c)
-        else:
-            parts["dual"] = jnp.zeros_like(mask_NT)
+    pg_NT, clips = _surrogate(ratio_NT, A_N1, cfg)
+    parts.update(clips)
 
     if cfg.tis_cap is not None:
         if sampler_logp_NT is None:

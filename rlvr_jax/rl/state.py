@@ -71,6 +71,13 @@ class OptimConfig:
             raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         if self.max_grad_norm < 0:
             raise ValueError(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0 disables)")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0")
+        for name in ("b1", "b2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
+        if not self.eps > 0:
+            raise ValueError(f"eps={self.eps} must be positive")
 
 
 def learning_rate_schedule(cfg: OptimConfig) -> optax.Schedule:

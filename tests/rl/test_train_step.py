@@ -14,6 +14,7 @@ from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import transformer as tf
 from rlvr_jax.rewards import arithmetic as ar
 from rlvr_jax.rl import advantages, losses
+from rlvr_jax.rl import rows as rows_lib
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
 
@@ -64,8 +65,8 @@ def test_mean_reward_rises_on_arithmetic_from_scratch(task):
     step = ts.build_train_step(cfg, rl, opt, sched, reward_fn)
     rewards = []
     for i in range(40):
-        state, metrics = step(state, batch(i, b=16, g=G))
-        rewards.append(float(metrics["reward/mean"]))
+        state, out = step(state, batch(i, b=16, g=G))
+        rewards.append(float(out.metrics["reward/mean"]))
     first, last = np.mean(rewards[:8]), np.mean(rewards[-8:])
     # Per-step reward std over 64 rows is below 0.1; the rise must be several times that.
     assert last > first + 0.25, rewards
@@ -80,8 +81,8 @@ def test_no_recompilation_after_the_first_step(task):
     compiled = step._cache_size()
     with jax.log_compiles():
         for i in (1, 2):
-            state, metrics = step(state, batch(i))
-    jax.block_until_ready(metrics)
+            state, out = step(state, batch(i))
+    jax.block_until_ready(out)
     assert step._cache_size() == compiled == 1
 
 
@@ -93,14 +94,45 @@ def test_fused_step_equals_rollout_host_reward_update(task):
     update_fn = ts.build_update(cfg, rl, opt, sched)
     copy = jax.tree.map(jnp.copy, state)
     b = batch(3)
-    new_fused, m_fused = fused(state, b)
+    new_fused, out_fused = fused(state, b)
     split_state, key = ts.split_rollout_key(copy)
     rollout = rollout_fn(split_state.params, b, key)
     rewards, parts = jax.device_get(reward_fn(rollout, b.targets))  # "host" rewards
-    new_split, m_split = update_fn(split_state, rollout, rewards, parts)
+    new_split, out_split = update_fn(split_state, rollout, rewards, parts)
     for x, y in zip(_arrays(new_fused), _arrays(new_split), strict=True):
         np.testing.assert_allclose(x, y, atol=1e-6)
-    assert float(m_fused["reward/mean"]) == float(m_split["reward/mean"])
+    for x, y in zip(_arrays(out_fused), _arrays(out_split), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    assert float(out_fused.metrics["reward/mean"]) == float(out_split.metrics["reward/mean"])
+
+
+def test_step_output_has_scalar_metrics_and_the_rows_results(task):
+    """Per-row results travel in `out.rows`, not in the metrics: the verifier's successes
+    (reward > 0 without a "correct" part), the advantages and lengths, in row order."""
+    cfg, _, batch, _ = task
+    rl, opt, sched, _, state = _build(task, advantage=advantages.AdvantageConfig("rloo"))
+    rollout_fn = ts.build_rollout(cfg, rl)
+    update_fn = ts.build_update(cfg, rl, opt, sched)
+    state, key = ts.split_rollout_key(state)
+    b = batch(7)
+    rollout = rollout_fn(state.params, b, key)
+    # "Host" results, chosen so that success and reward > 0 disagree on some rows.
+    rewards = 0.5 * (np.arange(B * G) % 3 - 1).astype(np.float32)
+    parts = {"correct": (np.arange(B * G) % 2).astype(np.float32), "format": rewards}
+    adv_BG, _ = advantages.compute_advantages(jnp.asarray(rewards).reshape(B, G), rl.advantage)
+    for with_correct in (True, False):
+        given = parts if with_correct else {"format": parts["format"]}
+        fresh = jax.tree.map(jnp.copy, state)  # the update donates the state
+        _, out = jax.device_get(update_fn(fresh, rollout, rewards, given))
+        assert isinstance(out, ts.StepOutput)
+        assert not any(k.startswith("rows/") for k in out.metrics)
+        assert all(np.ndim(v) == 0 for v in out.metrics.values())
+        want_correct = parts["correct"] if with_correct else (rewards > 0).astype(np.float32)
+        np.testing.assert_array_equal(out.rows.correct_N, want_correct)
+        np.testing.assert_array_equal(out.rows.lengths_N, np.asarray(rollout.lengths_N))
+        np.testing.assert_allclose(out.rows.adv_N, np.asarray(adv_BG).reshape(-1), atol=1e-6)
+        assert float(out.metrics["reward/mean"]) == pytest.approx(float(np.mean(rewards)))
+    assert 0 < want_correct.sum() < B * G and np.any(parts["correct"] != want_correct)
 
 
 # All four modes are checked exactly at the loss level (tests/rl/test_losses.py); here two of
@@ -116,8 +148,8 @@ def test_microbatches_give_the_full_batch_update(task, aggregation):
         sgd = optax.sgd(0.1)
         state = dataclasses.replace(state, opt_state=sgd.init(state.params))
         step = ts.build_train_step(cfg, rl, sgd, sched, reward_fn)
-        new, metrics = step(state, batch(5, b=32))
-        results.append((new.params, float(metrics["grad_norm"])))
+        new, out = step(state, batch(5, b=32))
+        results.append((new.params, float(out.metrics["grad_norm"])))
     (p1, g1), (p4, g4) = results
     assert g1 > 0
     np.testing.assert_allclose(g4, g1, rtol=1e-5)
@@ -143,7 +175,8 @@ def test_shared_prompt_forward_gives_the_same_update(task, kwargs):
         state = dataclasses.replace(state, opt_state=sgd.init(state.params))
         step = ts.build_train_step(cfg, rl, sgd, sched, reward_fn)
         results.append(step(state, batch(6, b=16)))
-    (new_a, m_a), (new_b, m_b) = results
+    (new_a, out_a), (new_b, out_b) = results
+    m_a, m_b = out_a.metrics, out_b.metrics
     assert float(m_a["grad_norm"]) > 0
     np.testing.assert_allclose(float(m_a["grad_norm"]), float(m_b["grad_norm"]), rtol=1e-4)
     for x, y in zip(jax.tree.leaves(new_a.params), jax.tree.leaves(new_b.params), strict=True):
@@ -167,8 +200,8 @@ def test_off_policy_minibatches_kl_and_metrics(task):
     assert state.ref_params is not None
     step = ts.build_train_step(cfg, rl, opt, sched, reward_fn)
     for i in range(3):
-        state, m = step(state, batch(i))
-    m = jax.device_get(m)
+        state, out = step(state, batch(i))
+    m = jax.device_get(out.metrics)
     assert int(state.step) == 3 * 4  # mu x num_minibatches updates per step
     for key in (
         "reward/mean", "reward/std", "reward/correct", "reward/format", "accuracy",
@@ -229,19 +262,20 @@ def test_expert_iteration_is_sft_on_the_verified_samples(task):
     rollout = ts.build_rollout(cfg, rl)(state.params, batch(0), key)
     keep_N = np.arange(B * G) % 3 == 0  # "verified" rows, set by hand
     parts = {"correct": jnp.asarray(keep_N, jnp.float32)}
-    new, metrics = ts.build_update(cfg, rl, sgd, sched)(state, rollout, parts["correct"], parts)
+    new, out = ts.build_update(cfg, rl, sgd, sched)(state, rollout, parts["correct"], parts)
 
-    seq, seq_mask, positions = ts._sequences(rollout)
-    P = rollout.prompt_NP.shape[1]
+    seq = rows_lib.sequences(rollout)
     kept_NT = rollout.mask_NT & keep_N[:, None]
 
     def nll(p):
-        logp, _ = next_token_logprobs(p, seq, positions, cfg, seq_mask, first_target=P)
+        logp, _ = next_token_logprobs(
+            p, seq.tokens_NS, seq.positions_NS, cfg, seq.mask_NS, first_target=seq.prompt_len
+        )
         return -jnp.sum(jnp.where(kept_NT, logp, 0.0)) / jnp.sum(kept_NT)
 
     grads = jax.grad(nll)(params0)
     expected = optax.apply_updates(params0, sgd.update(grads, sgd.init(params0))[0])
-    assert float(metrics["loss/tokens"]) == float(jnp.sum(kept_NT)) > 0
+    assert float(out.metrics["loss/tokens"]) == float(jnp.sum(kept_NT)) > 0
     for x, y in zip(jax.tree.leaves(new.params), jax.tree.leaves(expected), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
     with pytest.raises(ValueError, match="policy_loss='ppo_clip'"):

@@ -1,0 +1,99 @@
+"""The RL algorithm's static settings: group size, passes, minibatches, sampling, loss."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rlvr_jax import sampling
+from rlvr_jax.rl import advantages as adv_lib
+from rlvr_jax.rl import losses
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    """The RL algorithm's static settings.
+
+    Attributes:
+      group_size: G samples per prompt.
+      mu: passes over each rollout batch (GRPO's mu; 1 is on-policy).
+      num_minibatches: optimizer updates per pass; the N rows are shuffled and split evenly.
+      num_microbatches: gradient-accumulation chunks per minibatch (memory only: the result is
+        the same as one chunk, in every aggregation mode).
+      temperature, top_p, min_p: sampling values; log-probs for the loss use the same
+        temperature so that ratios compare like with like.
+      logprob_chunk: time steps per chunk of the log-prob computation (vocab-sized logits of only
+        this many steps exist at once).
+      mask_truncated: leave rows that hit `max_new_tokens` out of the loss (DAPO's overlong
+        filtering); they still count in the group baselines.
+      group_grad_norms: also log each prompt's share of the gradient: the global norm of the
+        gradient of its G rows' terms of the full-batch loss (the batch's normaliser) at the
+        pre-update parameters, as "groups/grad_norm" (B,), with its success rate
+        "groups/success_rate" (B,). One extra backward pass per group (a diagnostic; the std
+        scaling's re-weighting of prompts shows in it).
+      shared_prompt_forward: run each group's prompt once instead of G times, in the rollout's
+        prefill (`SamplerConfig.prompt_group`) and in the update's forwards
+        (`transformer.grouped_hidden_states`); the same numbers. In the update it applies where a
+        forward sees whole groups in order: always for the old and reference log-probs; for the
+        policy loss when there is one minibatch (minibatches shuffle rows, not groups) and each
+        microbatch holds whole groups.
+      advantage: the advantage estimator.
+      loss: the policy objective.
+      sampler: static sampler settings (max_new_tokens, eos ids, stops, top_k, think budget).
+    """
+
+    group_size: int
+    sampler: sampling.SamplerConfig
+    advantage: adv_lib.AdvantageConfig = adv_lib.AdvantageConfig()
+    loss: losses.LossConfig = losses.LossConfig()
+    mu: int = 1
+    num_minibatches: int = 1
+    num_microbatches: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    logprob_chunk: int = 256
+    mask_truncated: bool = False
+    group_grad_norms: bool = False
+    shared_prompt_forward: bool = True
+
+    def __post_init__(self):
+        for name in ("group_size", "mu", "num_minibatches", "num_microbatches", "logprob_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rl.{name}={getattr(self, name)} must be at least 1")
+        if self.group_size < 2 and self.advantage.estimator in ("grpo", "dr_grpo", "rloo"):
+            raise ValueError(
+                f"rl.group_size={self.group_size} with advantage estimator "
+                f"{self.advantage.estimator!r}: a group baseline needs at least 2 samples"
+            )
+        if not self.temperature > 0:
+            raise ValueError(f"rl.temperature={self.temperature} must be positive")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rl.top_p={self.top_p} must be in (0, 1]")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"rl.min_p={self.min_p} must be in [0, 1)")
+        if self.advantage.estimator == "expert_iteration" and self.loss.policy_loss != "reinforce":
+            raise ValueError(
+                f"rl.loss.policy_loss={self.loss.policy_loss!r} with rl.advantage.estimator="
+                "'expert_iteration': expert iteration is SFT on verified samples, set "
+                "rl.loss.policy_loss='reinforce'"
+            )
+
+    @property
+    def on_policy(self) -> bool:
+        """One update per rollout: old log-probs equal the current ones (no extra forward)."""
+        return self.mu * self.num_minibatches == 1
+
+    def microbatches_hold_groups(self, num_rows: int) -> bool:
+        """Whether each microbatch of the policy loss holds whole groups in order: rows are not
+        shuffled (one minibatch) and a microbatch is a whole number of groups."""
+        micro_rows = num_rows // (self.num_minibatches * self.num_microbatches)
+        return self.num_minibatches == 1 and micro_rows % self.group_size == 0
+
+    def check_rows(self, num_rows: int) -> None:
+        """Raises ValueError unless N rows split into the configured minibatches/microbatches."""
+        chunks = self.num_minibatches * self.num_microbatches
+        if num_rows % self.group_size or num_rows % chunks:
+            raise ValueError(
+                f"{num_rows} rows do not split into groups of {self.group_size} and "
+                f"{self.num_minibatches} minibatches x {self.num_microbatches} microbatches"
+            )
