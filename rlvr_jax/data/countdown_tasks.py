@@ -3,7 +3,10 @@
 A problem gives 3 or 4 numbers and a target; the answer is an expression that uses each number
 exactly once with + - * / and equals the target (the TinyZero task). Each problem is made by
 combining its numbers in a random expression tree and taking the tree's value as the target, so
-at least one solution exists; that solution is kept in `meta["solution"]`.
+at least one solution exists. That solution is the gold answer (`Example.answer`, also kept in
+`meta["solution"]`): an expression such as "(3 + 5) * 2" whose integer literals are exactly the
+given numbers and whose value is the target, so `rewards.countdown.score(response, gold)` recovers
+both from it. A bare target is never a gold answer, and never scores.
 
 Every intermediate value of the construction is a non-negative integer (subtraction takes the
 larger operand first, division only where it is exact), so the target is an integer and the kept
@@ -16,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlvr_jax.data.datasets import Example
+from rlvr_jax.data.example import Example
 
 COUNTDOWN_OPERATORS = "+-*/"
 # Draws per requested problem before giving up on settings that cannot produce targets.
@@ -59,12 +62,16 @@ def _random_tree(
 
 
 def countdown_question(numbers: Sequence[int], target: int, operators: str) -> str:
-    """The question text, as in TinyZero (the answer format belongs to the prompt template)."""
+    """The question text, as in TinyZero (the answer format belongs to the prompt template).
+
+    It says "exactly once" where TinyZero says "can only be used once": TinyZero's verifier, and
+    `rewards.countdown`, require every number, so the question states the rule that is scored.
+    """
     ops = ", ".join(operators)
     return (
         f"Using the numbers [{', '.join(map(str, numbers))}], create an equation that equals "
-        f"{target}. You can use basic arithmetic operations ({ops}) and each number can only be "
-        "used once."
+        f"{target}. You can use basic arithmetic operations ({ops}) and each number must be "
+        "used exactly once."
     )
 
 
@@ -91,8 +98,9 @@ def countdown_examples(
       operators: the allowed operators, a subset of "+-*/".
 
     Returns:
-      Examples with the question as prompt_text, the target as answer, the number count as
-      difficulty, and meta {"numbers", "target", "solution"}; ids "countdown/{seed}/{i}".
+      Examples with the question as prompt_text, a solution expression as answer (the gold
+      format of `rewards.countdown.score`), the number count as difficulty, and meta
+      {"numbers", "target", "solution"}; ids "countdown/{seed}/{i}".
 
     Raises:
       ValueError: for invalid settings, naming them, or when the settings yield too few targets
@@ -131,7 +139,7 @@ def countdown_examples(
             Example(
                 id=f"countdown/{seed}/{len(out)}",
                 prompt_text=countdown_question(numbers, target, operators),
-                answer=str(target),
+                answer=solution,
                 source="countdown",
                 difficulty=float(k),
                 meta={"numbers": numbers, "target": target, "solution": solution},

@@ -7,8 +7,9 @@ Host code. Every source becomes a list of `Example`s:
 - Arithmetic problems generated offline (`arithmetic_examples`) and countdown problems
   (`countdown_tasks.countdown_examples`).
 
-A malformed row (bad JSON, a missing field, an empty answer) is counted and skipped, and the
-`LoadReport` says how many of each and where; a source with no usable row raises.
+A malformed row (bytes that are not UTF-8, a NUL byte, an over-long line, bad or too deeply
+nested JSON, a missing field, an empty answer) is counted and skipped, and the `LoadReport` says
+how many of each and where; a source with no usable row raises.
 """
 
 from __future__ import annotations
@@ -18,17 +19,27 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from absl import logging
 
+from rlvr_jax.data import countdown_tasks
+from rlvr_jax.data.example import Example
 from rlvr_jax.rewards import arithmetic
 
 # How many line numbers a `LoadReport` keeps per reason.
 _FIRST_LINES = 5
+# How many characters of a row's problem a log line quotes (a message may repr a field's value).
+_MESSAGE_CHARS = 200
+# Longer lines are skipped unread: no real problem or demonstration comes near a megabyte, and a
+# file without newlines (a binary, a zero-filled tail after a crash) must not be held in memory.
+_MAX_LINE_BYTES = 1 << 20
+# Rows need a few levels; the json module recurses once per level, so a deeper line is refused
+# before it is parsed (and everything that later walks a row stays far from the recursion limit).
+_MAX_DEPTH = 100
 
 # Every whole-number level of `arithmetic_examples`: (num_operands, max_digits, operators).
 ARITHMETIC_LEVELS: dict[int, tuple[int, int, str]] = {
@@ -41,38 +52,6 @@ ARITHMETIC_LEVELS: dict[int, tuple[int, int, str]] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class Example:
-    """One problem with a verifiable answer.
-
-    Attributes:
-      id: unique and stable across runs ("gsm8k/test/17"); the curriculum tracks prompts by it.
-      prompt_text: the question, without any prompt template.
-      answer: the gold answer as a string ("18", "\\frac{1}{2}").
-      source: where it came from ("gsm8k", "math500", "countdown", ...).
-      difficulty: an optional level (MATH level, arithmetic level, number count), higher is harder.
-      meta: JSON-serialisable extras (countdown numbers and target, the gold solution text, ...).
-    """
-
-    id: str
-    prompt_text: str
-    answer: str
-    source: str
-    difficulty: float | None = None
-    meta: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
-
-    def to_json(self) -> dict[str, Any]:
-        """The record as a JSON object (the format `write_examples` writes)."""
-        return {
-            "id": self.id,
-            "prompt_text": self.prompt_text,
-            "answer": self.answer,
-            "source": self.source,
-            "difficulty": self.difficulty,
-            "meta": dict(self.meta),
-        }
-
-
-@dataclasses.dataclass(frozen=True)
 class LoadReport:
     """What a loader read, skipped and excluded.
 
@@ -80,7 +59,9 @@ class LoadReport:
       origin: the file or hub dataset read.
       rows: rows seen (blank lines are not rows).
       loaded: examples returned.
-      skipped: malformed rows per reason ("bad_json", "missing_field", "empty_answer", ...).
+      skipped: malformed rows per reason: how the line reads ("line_too_long", "nul_byte",
+        "bad_utf8", "too_deep", "bad_json", "lone_surrogate") or what the row holds
+        ("not_an_object", "missing_field", "empty_answer", "duplicate_id", ...).
       first_lines: per skip reason, the first few 1-based line numbers (row numbers for hubs).
       excluded: well-formed rows dropped by a filter, per reason ("multiple_choice", ...).
     """
@@ -346,7 +327,10 @@ def _collect(
             if len(first[e.reason]) < _FIRST_LINES:
                 first[e.reason].append(line)
             if len(messages) < _FIRST_LINES:
-                messages.append(f"line {line}: {e}")
+                text = str(e)
+                if len(text) > _MESSAGE_CHARS:
+                    text = text[:_MESSAGE_CHARS] + "..."
+                messages.append(f"line {line}: {text}")
             continue
         seen_ids.add(ex.id)
         if exclude_multiple_choice and is_multiple_choice(ex.prompt_text, ex.answer):
@@ -376,19 +360,98 @@ def _collect(
     return examples, report
 
 
-def _jsonl_rows(path: Path) -> Iterable[tuple[int, Any]]:
-    """(1-based line number, parsed object or a `MalformedRowError`) for each non-blank line."""
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as e:
+def _skip_rest_of_line(f: BinaryIO) -> int:
+    """Reads up to the next newline in pieces, keeping none; returns the bytes before it."""
+    n = 0
+    while True:
+        chunk = f.readline(1 << 16)
+        if not chunk or chunk.endswith(b"\n"):
+            return n + len(chunk.rstrip(b"\r\n"))
+        n += len(chunk)
+
+
+def _nesting_depth(line: bytes) -> int:
+    """The deepest nesting of arrays and objects in one JSON line (brackets in strings are text).
+
+    Vectorised, so a megabyte line costs milliseconds: a quote delimits a string unless an odd run
+    of backslashes precedes it, and UTF-8 never puts an ASCII byte inside a multi-byte character.
+    """
+    c = np.frombuffer(line, np.uint8)
+    idx = np.arange(c.size)
+    last_other = np.maximum.accumulate(np.where(c == ord("\\"), -1, idx))
+    backslashes_before = np.zeros_like(idx)
+    backslashes_before[1:] = idx[:-1] - last_other[:-1]
+    delimiter = (c == ord('"')) & (backslashes_before % 2 == 0)
+    outside = np.cumsum(delimiter) % 2 == 0
+    opens = ((c == ord("[")) | (c == ord("{"))) & outside
+    closes = ((c == ord("]")) | (c == ord("}"))) & outside
+    return int(np.cumsum(opens.astype(np.int64) - closes).max(initial=0))
+
+
+# A \uD800-\uDFFF escape: json.loads turns an unpaired one into a str that has no UTF-8 form, which
+# a tokenizer rejects long after loading.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _parse_line(raw: bytes, number: int) -> Any:
+    """One non-blank line as a JSON value, or the `MalformedRowError` that says why it is not."""
+    if b"\0" in raw:
+        return MalformedRowError(
+            "nul_byte",
+            f"a NUL byte at byte {raw.index(0) + 1} (a binary, UTF-16 or damaged file?)",
+        )
+    if number == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a byte order mark some editors write
+        raw = raw[3:]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return MalformedRowError("bad_utf8", f"invalid UTF-8 at byte {e.start + 1} ({e.reason})")
+    if raw.count(b"[") + raw.count(b"{") > _MAX_DEPTH:
+        depth = _nesting_depth(raw)
+        if depth > _MAX_DEPTH:
+            return MalformedRowError(
+                "too_deep", f"arrays and objects nest {depth} deep, over the limit of {_MAX_DEPTH}"
+            )
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as e:
+        return MalformedRowError("bad_json", f"invalid JSON ({e.msg} at column {e.colno})")
+    except RecursionError:  # after the depth check, only when called near the recursion limit
+        return MalformedRowError("too_deep", "arrays and objects nest too deep to parse")
+    except ValueError as e:  # an integer longer than Python converts (sys.get_int_max_str_digits)
+        return MalformedRowError("bad_json", f"invalid JSON ({e})")
+    if _SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(row, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return MalformedRowError(
+                "lone_surrogate", "a \\u escape leaves an unpaired surrogate, which is not text"
+            )
+    return row
+
+
+def _jsonl_rows(path: Path, max_line_bytes: int = _MAX_LINE_BYTES) -> Iterator[tuple[int, Any]]:
+    """(1-based line number, parsed object or a `MalformedRowError`) for each non-blank line.
+
+    The file is read as bytes and each line decoded alone, so a damaged line costs only itself;
+    lines split at "\\n" only. A line over `max_line_bytes` is skipped without being held.
+    """
+    with path.open("rb") as f:
+        number = 0
+        while raw := f.readline(max_line_bytes + 1):
+            number += 1
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                size = len(raw) + _skip_rest_of_line(f)
                 yield (
                     number,
-                    MalformedRowError("bad_json", f"invalid JSON ({e.msg} at column {e.colno})"),
+                    MalformedRowError(
+                        "line_too_long",
+                        f"the line holds {size} bytes, over the limit of {max_line_bytes}",
+                    ),
                 )
+                continue
+            if raw.strip():  # JSON whitespace is ASCII; a blank line is not a row
+                yield number, _parse_line(raw, number)
 
 
 def resolve_jsonl(path: str | os.PathLike, name: str, split: str) -> Path:
@@ -663,9 +726,6 @@ def load(
             raise ValueError(f"generated task {name!r} needs num > 0, got {num!r}")
         if name == "arithmetic":
             return arithmetic_examples(num, seed, 1 if level is None else level), None
-        # countdown_tasks imports `Example` from this module; import it at call time.
-        from rlvr_jax.data import countdown_tasks
-
         counts = (3, 4) if level is None else (level,) if isinstance(level, int) else tuple(level)
         return countdown_tasks.countdown_examples(num, seed, num_numbers=counts), None
     filters = dict(
