@@ -44,6 +44,27 @@ run() {
   fi
 }
 
+# Prints its arguments as words for a POSIX shell, separated by spaces: each one in single
+# quotes, with every ' written as '\''. The remote command is a string that the worker's login
+# shell parses again, so a config, workdir, flag or URL pasted into it unquoted would split at
+# spaces or run a second command after a ';'. Single quotes rather than printf %q: its $'...'
+# form is bash-only, and this output is read by whatever shell the worker's user has.
+# The output always ends in a quote, so $(...) loses no trailing newline of an argument.
+shell_quote() {
+  local a rest head q="'" sep="" out=""
+  for a in "$@"; do
+    rest="$a"
+    head=""
+    while [[ "$rest" == *"$q"* ]]; do
+      head+="${rest%%"$q"*}'\\''"
+      rest="${rest#*"$q"}"
+    done
+    out+="$sep'$head$rest'"
+    sep=" "
+  done
+  printf '%s' "$out"
+}
+
 # Runs a shell snippet on every worker of the TPU VM (one host or a whole pod slice).
 on_all_workers() {
   local cmd="$1"

@@ -10,6 +10,13 @@ if [[ $# -ne 1 ]]; then
   echo "usage: fetch_logs.sh [--dry-run] WORKDIR" >&2
   exit 2
 fi
+# scp's older protocol hands the remote path to the worker's shell, which would split it or run
+# what follows a ';'; the newer one (SFTP) takes it literally, so no quoting is right for both.
+# Paths are therefore limited to characters that no shell treats specially.
+if [[ ! "$1" =~ ^[A-Za-z0-9._/+=@,:-]+$ ]]; then
+  echo "fetch_logs.sh: WORKDIR may hold only letters, digits and ._/+=@,:- (got '$1')" >&2
+  exit 2
+fi
 pflag="$(project_flag)"
 run mkdir -p fetched
 run gcloud compute tpus tpu-vm scp --recurse --zone="$ZONE" ${pflag:+"$pflag"} --worker=0 \

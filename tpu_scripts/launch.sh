@@ -12,10 +12,17 @@ if [[ $# -lt 1 ]]; then
   exit 2
 fi
 config="$1"
-workdir="${2:-runs/$(basename "$config" .py)}"
-shift $(( $# >= 2 ? 2 : 1 ))
+shift
+# WORKDIR is optional, so in "CONFIG -- flags" the "--" is not a workdir.
+workdir="runs/$(basename "$config" .py)"
+if [[ $# -ge 1 && "$1" != "--" ]]; then
+  workdir="$1"
+  shift
+fi
 [[ "${1:-}" == "--" ]] && shift
-flags="$*"
-on_all_workers "cd ~/rlvr_jax && . ~/venv/bin/activate && mkdir -p $workdir && \
-nohup python -m rlvr_jax.main --config=$config --workdir=$workdir $flags \
-> $workdir/log.txt 2>&1 &"
+# Every piece taken from the command line is quoted for the worker's shell (see shell_quote), so
+# each arrives there as exactly one argument, whatever spaces, quotes or ';' it holds.
+q_workdir="$(shell_quote "$workdir")"
+q_args="$(shell_quote "--config=$config" "--workdir=$workdir" ${1+"$@"})"
+on_all_workers "cd ~/rlvr_jax && . ~/venv/bin/activate && mkdir -p -- $q_workdir && \
+nohup python -m rlvr_jax.main $q_args > $q_workdir/log.txt 2>&1 &"

