@@ -14,7 +14,6 @@ setup(
     packages=find_packages(include=["rlvr_jax", "rlvr_jax.*"]),
     install_requires=[
         "jax>=0.6.0",
-        "flax>=0.10.0",
         "optax>=0.2.4",
         "orbax-checkpoint>=0.11.0",
         "transformers>=4.51.0",
@@ -44,6 +43,8 @@ setup(
             "nbformat>=5.10",
             "ipykernel>=6.29",
         ],
+        # GSM8K, MATH-500, AIME and AMC from the Hugging Face hub; local JSONL needs no extra.
+        "datasets": ["datasets>=2.19.0"],
         "tfds": ["tensorflow-datasets>=4.9.0"],
         "tpu": ["jax[tpu]>=0.6.0"],
         "gpu": ["jax[cuda12]>=0.6.0"],

@@ -1,11 +1,16 @@
 """GRPO on GSM8K with Qwen2.5-0.5B-Instruct (or Qwen3-0.6B with `:qwen3`), R1 template.
 
-Command (from a checkout, with the GSM8K JSONL at ../shared/data/gsm8k):
+Commands (GSM8K comes from the Hugging Face hub, `openai/gsm8k`; `pip install -e ".[datasets]"`):
   python -m rlvr_jax.main --config=configs/qwen_small.py --workdir=runs/qwen_small
   python -m rlvr_jax.main --config=configs/qwen_small.py:qwen3 --workdir=runs/qwen3_small
+Without the hub, point `data.path` at local JSONL: a directory holding train.jsonl and test.jsonl
+(rows {"question", "answer"}, as in openai/grade-school-math), or one holding gsm8k/*.jsonl:
+  python -m rlvr_jax.main --config=configs/qwen_small.py --workdir=runs/qwen_small \\
+      --config.data.path=../shared/data/gsm8k
 Weights come from the Hugging Face hub id, or from a local directory holding config.json,
 *.safetensors and the tokenizer files: `--config.model.source=/path/to/Qwen2.5-0.5B-Instruct`.
-Evaluate a checkpoint on the GSM8K test split, or on AIME + AMC with pass@k:
+Evaluate a checkpoint on the GSM8K test split (from wherever the run read GSM8K), or on AIME + AMC
+with pass@k from a directory holding aime/test.jsonl and amc/test.jsonl:
   python -m rlvr_jax.eval --workdir=runs/qwen_small
   python -m rlvr_jax.eval --workdir=runs/qwen_small --datasets=aime,amc \\
       --data_path=../shared/data --n=16 --k=1,4,16 --max_new_tokens=1024
@@ -53,7 +58,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.param_dtype = "float32"
     c.model.remat = True
     c.data.name = "gsm8k"
-    c.data.path = "../shared/data/gsm8k"
+    c.data.path = ""  # the hub; see the docstring for local JSONL
     c.data.split = "train"
     c.data.eval_split = "test"
     c.data.num_eval = 256

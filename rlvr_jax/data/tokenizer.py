@@ -12,6 +12,7 @@ Host code. Three sources:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,9 +20,19 @@ from typing import TYPE_CHECKING, Any
 
 import sentencepiece
 
+from rlvr_jax.model import gguf, hf, loading
+
 if TYPE_CHECKING:
     import tokenizers
     from transformers import PreTrainedTokenizerBase
+
+# `import transformers` (in the constructors below) announces on stderr that PyTorch is absent.
+# Here transformers only wraps `tokenizers` and renders chat templates, neither of which needs
+# PyTorch, so that notice would send users after a dependency they do not need. The filter drops
+# that one record; every other transformers warning still shows.
+logging.getLogger("transformers").addFilter(
+    lambda record: "PyTorch was not found" not in str(record.msg)
+)
 
 # Tokens that end an assistant turn in common chat formats; generation stops on any of them that
 # the vocabulary holds as a special (added) token, besides the tokenizer's own eos.
@@ -237,10 +248,8 @@ class Tokenizer:
         """
         from transformers import PreTrainedTokenizerFast
 
-        from rlvr_jax.model.gguf import read_metadata
-
         source = str(path)
-        md = read_metadata(path)
+        md = gguf.read_metadata(path)
         kind = md.get("tokenizer.ggml.model")
         if kind != "gpt2":
             raise ValueError(
@@ -422,3 +431,15 @@ class Tokenizer:
             f"Tokenizer({self._name()}, vocab_size={self.vocab_size}, bos_id={self.bos_id}, "
             f"eos_ids={self.eos_ids}, pad_id={self.pad_id})"
         )
+
+
+def load_tokenizer(source: str) -> Tokenizer | None:
+    """The tokenizer that goes with the weights of a model source (`model.loading`'s sources;
+    None for random weights)."""
+    if source == loading.EMBEDDED:
+        return Tokenizer.from_gguf(gguf.embedded_model_path())
+    if source.startswith("random:"):
+        return None
+    if source.endswith(".gguf"):
+        return Tokenizer.from_gguf(source)
+    return Tokenizer.from_hf_dir(hf.resolve_checkpoint(source))

@@ -1,8 +1,8 @@
-"""Reward shaping: Kimi k1.5 length reward, DAPO soft overlong penalty, truncation mask, weights.
+"""Reward shaping: Kimi k1.5 length reward, DAPO soft overlong penalty, weights.
 
-JAX math: every function is pure and jittable, takes numpy or JAX arrays, and returns JAX arrays
-(f32 rewards, bool masks). Group functions take (B, G) arrays (B prompts, G samples each); row
-functions take (N,) arrays. Reshape with `x_N.reshape(B, G)` and back with `.reshape(-1)`.
+JAX math: every function is pure and jittable, takes numpy or JAX arrays, and returns f32 JAX
+arrays. Group functions take (B, G) arrays (B prompts, G samples each); row functions take (N,)
+arrays. Reshape with `x_N.reshape(B, G)` and back with `.reshape(-1)`.
 
 Usage on the host-verifier path, after the pool has scored the texts:
 
@@ -18,7 +18,6 @@ Usage on the host-verifier path, after the pool has scored the texts:
     rewards_N, parts = shaping.combine(
         parts, {"correct": 1.0, "format": 0.1, "length": 0.1, "overlong": 1.0}
     )
-    keep_N = shaping.truncation_mask(rollout.finish_N)  # rows to keep in the loss
 """
 
 from __future__ import annotations
@@ -29,10 +28,6 @@ import jax
 import jax.numpy as jnp
 
 Array = jax.Array
-
-# Equal to `sampling.FINISH_LENGTH` (checked by the tests); kept here so that this module does
-# not import the sampler and the model.
-FINISH_LENGTH = 0
 
 
 def kimi_length_reward(lengths_BG, correct_BG) -> Array:
@@ -81,19 +76,6 @@ def overlong_penalty(lengths_N, max_len: int, cache_len: int) -> Array:
     lengths = jnp.asarray(lengths_N, jnp.float32)
     free = max_len - cache_len
     return jnp.clip((free - lengths) / cache_len, -1.0, 0.0)
-
-
-def truncation_mask(finish_N) -> Array:
-    """Rows to keep in the loss: False for rows that ran out of length (finish reason "length").
-
-    Args:
-      finish_N: `Rollout.finish_N` (FINISH_LENGTH / FINISH_EOS / FINISH_STOP).
-
-    Returns:
-      (N,) bool; multiply it into the loss mask to drop truncated responses (DAPO's overlong
-      filtering).
-    """
-    return jnp.asarray(finish_N) != FINISH_LENGTH
 
 
 def combine(

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import string
-from pathlib import Path
 
 import pytest
 
@@ -13,8 +12,8 @@ from rlvr_jax.data import datasets as ds
 from rlvr_jax.data import templates as tp
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model.gguf import embedded_model_path
+from tests.shared_data import DATA, needs_shared_data
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 QUESTION = "What is 7 times 8?"
 
 # Qwen3's handling of the thinking switch, in a small template of the same shape.
@@ -98,6 +97,7 @@ def test_text_templates_substitute_literally():
         tp.PromptTemplate("bad", chat=False, thinking=True)
 
 
+@needs_shared_data
 def test_encode_prompts_skips_and_counts_the_long_ones(smol):
     examples, _ = ds.load_jsonl("gsm8k", DATA, "test")
     examples = examples[:24]

@@ -5,7 +5,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlvr_jax import sampling
 from rlvr_jax.rewards import shaping
 
 
@@ -50,16 +49,6 @@ def test_overlong_penalty_hand_computed():
 def test_overlong_penalty_rejects_bad_cache(cache_len):
     with pytest.raises(ValueError, match=f"cache_len={cache_len}"):
         shaping.overlong_penalty(np.array([1]), max_len=100, cache_len=cache_len)
-
-
-def test_truncation_mask():
-    assert shaping.FINISH_LENGTH == sampling.FINISH_LENGTH
-    finish_N = np.array(
-        [sampling.FINISH_LENGTH, sampling.FINISH_EOS, sampling.FINISH_STOP, sampling.FINISH_LENGTH]
-    )
-    keep_N = shaping.truncation_mask(finish_N)
-    assert keep_N.dtype == jnp.bool_
-    np.testing.assert_array_equal(keep_N, [False, True, True, False])
 
 
 def test_combine_weights_and_reports_every_part():
