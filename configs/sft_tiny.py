@@ -8,8 +8,8 @@ Hardware: a laptop CPU, seconds. The model, tokenizer, task and prompt template 
 ("3+4=" -> "7" and the end token), and the loss is the token-mean NLL of the response tokens. The
 held-out greedy accuracy (64 problems) is printed before and after.
 
-Expected result (measured on a 2-core CPU with the command above): loss 2.86 at step 1, 0.30 at
-step 150; held-out greedy accuracy 0.000 before, 0.875 after.
+Expected result (measured on a 2-core CPU with the command above, 2026-12-01): loss 2.8556 at
+step 1, 0.2743 at step 150; held-out greedy accuracy 0.000 before, 0.578 after.
 
 The policy is written to `<workdir>/hf` at the end (config.json, safetensors, tokenizer files);
 the RL stage starts from that directory (not from the SFT workdir's checkpoint, whose optimizer

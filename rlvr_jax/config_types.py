@@ -8,6 +8,7 @@ dataclass's own `__post_init__` validate values.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -78,6 +79,9 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}={value!r} must be a number")
+        # No setting means anything at inf or nan: they would train to NaN, not fail.
+        if not math.isfinite(value):
+            raise ConfigError(f"{path}={value!r} must be a finite number")
         return float(value)
     if hint is str:
         if not isinstance(value, str):

@@ -2,17 +2,23 @@
 
 The only place with flags and `jax.config`: it turns the config file into typed settings (every
 unknown or inconsistent field fails here, before anything compiles), then runs the stage the
-config names: `train.run` for RL (`train.stage="rl"`, the default) or `sft.run` for supervised
-fine-tuning on demonstrations (`train.stage="sft"`).
+config names (`program.stages`): RL (`train.stage="rl"`, the default) or supervised fine-tuning on
+demonstrations (`train.stage="sft"`).
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
 from pathlib import Path
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from rlvr_jax.program import stages
+from rlvr_jax.program.settings import settings_from_config
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
 _WORKDIR = flags.DEFINE_string(
@@ -24,33 +30,50 @@ _DISTRIBUTED = flags.DEFINE_bool(
     "Call jax.distributed.initialize() (multi-host TPU pods and GPU clusters).",
 )
 _PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
+_ALLOW_CHANGED = flags.DEFINE_bool(
+    "allow_changed_settings",
+    False,
+    "Resume even though settings that change what the checkpoint means differ from the ones it "
+    "was saved with (the group size, the data, the optimizer); they are listed either way.",
+)
+
+
+class _StartupTerminated(SystemExit):
+    """SIGTERM or SIGINT before the training loop took over the signals."""
+
+
+def _terminate_during_startup(signum: int, frame: object) -> None:
+    del frame
+    name = signal.Signals(signum).name
+    print(
+        f"stopped by {name} outside the training loop: during start-up nothing has been trained "
+        "yet, and the workdir's checkpoints are unchanged",
+        file=sys.stderr,
+        flush=True,
+    )
+    raise _StartupTerminated(128 + signum)
 
 
 def main(argv: list[str]) -> None:
     del argv
+    # Loading and compiling take minutes on a large model: a termination signal then ends the run
+    # with a message. The training loop replaces these handlers with its own (save, then stop).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _terminate_during_startup)
     # Orbax logs every checkpoint stage at INFO; the metrics ledger is the run's log.
     logging.set_verbosity(logging.WARNING)
-    import jax
-
     if _PLATFORM.value:
         jax.config.update("jax_platforms", _PLATFORM.value)
     if _DISTRIBUTED.value:
         jax.distributed.initialize()
-    from rlvr_jax import train
-    from rlvr_jax.program import settings as settings_lib
 
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config=configs/<name>.py is required")
-    settings = settings_lib.settings_from_config(config)
+    settings = settings_from_config(config)
     name = Path(flags.FLAGS["config"].config_filename.split(":")[0]).stem
     workdir = _WORKDIR.value or os.path.join("runs", name)
-    if settings.train.stage == "sft":
-        from rlvr_jax import sft
-
-        sft.run(settings, workdir)
-    else:
-        train.run(settings, workdir)
+    stages.run(settings, workdir, allow_changed_settings=_ALLOW_CHANGED.value)
 
 
 if __name__ == "__main__":

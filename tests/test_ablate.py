@@ -1,23 +1,26 @@
-"""The ablation command: variant configs, the statistics, and a trimmed study end to end."""
+"""The ablation study: variant configs, the statistics, a trimmed study end to end, the CLI."""
 
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from configs import ablation as ablation_config
-from rlvr_jax import ablate
 from rlvr_jax.config_types import ConfigError
+from rlvr_jax.program import ablation
+from rlvr_jax.program import metrics as metrics_lib
 from rlvr_jax.program import settings as settings_lib
 
 
-def _split(**ablation):
+def _split(**section):
     c = ablation_config.get_config()
-    for k, v in ablation.items():
+    for k, v in section.items():
         c.ablation[k] = v
-    return ablate.split_config(c)
+    return ablation.split_config(c)
 
 
 def test_every_variant_builds_settings_that_differ_only_where_named():
@@ -25,7 +28,7 @@ def test_every_variant_builds_settings_that_differ_only_where_named():
     assert settings.variants == ablation_config.VARIANTS
     assert settings.seeds == (0, 1, 2, 3, 4)
     built = {
-        name: settings_lib.settings_from_config(ablate.variant_config(base, name, 7, settings))
+        name: settings_lib.settings_from_config(ablation.variant_config(base, name, 7, settings))
         for name in settings.variants
     }
     grpo = built["grpo"]
@@ -54,8 +57,8 @@ def test_every_variant_builds_settings_that_differ_only_where_named():
 
 
 def test_qwen_config_builds():
-    settings, base = ablate.split_config(ablation_config.get_config("qwen"))
-    s = settings_lib.settings_from_config(ablate.variant_config(base, "rloo", 0, settings))
+    settings, base = ablation.split_config(ablation_config.get_config("qwen"))
+    s = settings_lib.settings_from_config(ablation.variant_config(base, "rloo", 0, settings))
     assert s.reward.verifier == "math" and s.rl.group_grad_norms
     assert settings.warm_start_steps == 0
 
@@ -68,38 +71,38 @@ def test_bad_settings_are_named():
     c = ablation_config.get_config()
     c.ablation.sedes = "1"
     with pytest.raises(ConfigError, match="ablation.sedes"):
-        ablate.split_config(c)
+        ablation.split_config(c)
     settings, base = _split()
     with pytest.raises(ConfigError, match="'rl.loss.aggregaton'"):
-        ablate._set(base, "rl.loss.aggregaton", "token_mean")
+        ablation.override(base, "rl.loss.aggregaton", "token_mean")
 
 
 def _ledger(tmp_path, entries):
     with open(tmp_path / "metrics.jsonl", "w") as f:
         for e in entries:
             f.write(json.dumps({"time": 0.0, **e}) + "\n")
-    return ablate.read_entries(tmp_path)
+    return metrics_lib.read_metrics(tmp_path)
 
 
 def test_run_stats_by_hand(tmp_path):
     entries = _ledger(
         tmp_path,
         [
-            {"step": 0, "eval/accuracy": 0.25},
-            {"step": 1, "accuracy": 0.5, "time/step": 30.0, "adv/frac_zero_variance": 0.5,
-             "length/correct": 2.0, "length/incorrect": 4.0},
-            {"step": 2, "accuracy": 0.25, "time/step": 1.0, "adv/frac_zero_variance": 0.25,
-             "length/correct": 3.0, "length/incorrect": 5.0},
-            {"step": 2, "eval/accuracy": 0.5},  # the final evaluation shares the step
+            {"step": 0, "record": "eval", "eval/accuracy": 0.25},
+            {"step": 1, "record": "step", "accuracy": 0.5, "time/step": 30.0,
+             "adv/frac_zero_variance": 0.5, "length/correct": 2.0, "length/incorrect": 4.0},
+            {"step": 2, "record": "step", "accuracy": 0.25, "time/step": 1.0,
+             "adv/frac_zero_variance": 0.25, "length/correct": 3.0, "length/incorrect": 5.0},
+            {"step": 2, "record": "final", "eval/accuracy": 0.5},  # shares the last step
         ],
     )  # fmt: skip
-    assert entries[-1]["accuracy"] == 0.25 and entries[-1]["eval/accuracy"] == 0.5
+    assert [e["step"] for e in metrics_lib.step_rows(entries)] == [1, 2]
     result = {
         "rows_per_step": 8,
         "eval_before": {"eval/accuracy": 0.25, "eval/length": 3.0},
         "eval_after": {"eval/accuracy": 0.5, "eval/length": 2.0},
     }
-    s = ablate.run_stats(entries, result)
+    s = ablation.run_stats(entries, result)
     assert s["zero_variance"] == pytest.approx(0.375)
     # Under 4 steps every step counts: 4 + 2 correct of lengths 2 and 3, 4 + 6 wrong of 4 and 5.
     assert s["len_correct"] == pytest.approx((4 * 2 + 2 * 3) / 6)
@@ -107,9 +110,9 @@ def test_run_stats_by_hand(tmp_path):
     assert s["successes"] == pytest.approx(6.0)
     # Step 1 (compilation) is left out: 2 successes in 1 s.
     assert s["successes_per_minute"] == pytest.approx(120.0)
-    summary = ablate.summarize({"grpo": [s, {**s, "acc_after": 0.75}]})
+    summary = ablation.summarize({"grpo": [s, {**s, "acc_after": 0.75}]})
     assert summary["grpo"]["acc_after"] == pytest.approx((0.625, math.sqrt(0.03125)))
-    assert "| grpo |" in ablate.markdown_table(summary, 2)
+    assert "| grpo |" in ablation.markdown_table(summary, 2)
 
 
 def test_grad_norm_by_success_by_hand():
@@ -117,9 +120,10 @@ def test_grad_norm_by_success_by_hand():
         {"step": 1, "groups/grad_norm": [1.0, 3.0, 2.0], "groups/success_rate": [0.0, 0.0, 0.5]},
         {"step": 2, "groups/grad_norm": [5.0], "groups/success_rate": [1.0]},
     ]
-    out = ablate.grad_norm_by_success([entries], 2)
+    entries.append({"step": 2, "record": "final", "groups/grad_norm": [9.0]})  # not a step row
+    out = ablation.grad_norm_by_success([entries], 2)
     np.testing.assert_allclose(out, [2.0, 2.0, 5.0])
-    assert np.isnan(ablate.grad_norm_by_success([[{"step": 1}]], 2)).all()
+    assert np.isnan(ablation.grad_norm_by_success([[{"step": 1}]], 2)).all()
 
 
 def test_trimmed_study_end_to_end(tmp_path):
@@ -138,18 +142,23 @@ def test_trimmed_study_end_to_end(tmp_path):
     c.rl.group_size = 4
     c.rl.sampler.max_new_tokens = 4
     messages = []
-    out = ablate.run_ablation(c, tmp_path, log=messages.append)
+    out = ablation.run_ablation(c, tmp_path, log=messages.append)
 
     table = (tmp_path / "ablation.md").read_text()
     summary = json.loads((tmp_path / "summary.json").read_text())
     for name in ("grpo", "dr_grpo"):
         run_dir = tmp_path / "runs" / name / "seed_0"
         result = json.loads((run_dir / "result.json").read_text())
-        entries = ablate.read_entries(run_dir)
-        steps = [e for e in entries if "accuracy" in e]
+        records = metrics_lib.read_metrics(run_dir)
+        steps = metrics_lib.step_rows(records)
         assert [e["step"] for e in steps] == [1, 2, 3]
+        assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 2, 3]
+        assert (
+            metrics_lib.final_eval(records)["eval/accuracy"]
+            == result["eval_after"]["eval/accuracy"]
+        )
         acc = result["eval_after"]["eval/accuracy"]
-        assert f"| {name} | {ablate.VARIANTS[name][0]} | {acc:.3f} ± 0.000 |" in table
+        assert f"| {name} | {ablation.VARIANTS[name][0]} | {acc:.3f} ± 0.000 |" in table
         zero_var = np.mean([e["adv/frac_zero_variance"] for e in steps])
         assert summary["per_seed"][name][0]["zero_variance"] == pytest.approx(zero_var)
         for e in steps:  # the per-prompt diagnostic: one finite norm per group
@@ -167,9 +176,22 @@ def test_trimmed_study_end_to_end(tmp_path):
     # A second call trains nothing and redraws the same table.
     ledgers = sorted((tmp_path / "runs").glob("*/seed_0/metrics.jsonl"))
     stamps = [p.stat().st_mtime_ns for p in ledgers]
-    again = ablate.run_ablation(c, tmp_path, log=messages.append)
+    again = ablation.run_ablation(c, tmp_path, log=messages.append)
     assert again["table"] == table
     assert [p.stat().st_mtime_ns for p in ledgers] == stamps and len(ledgers) == 2
+
+
+def test_command_line_requires_config_and_workdir(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "rlvr_jax.ablate", f"--workdir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "--config=configs/ablation.py and --workdir=W are required" in result.stderr
+    assert not (tmp_path / "ablation.md").exists()
 
 
 def test_group_grad_norms_are_each_prompts_share_of_the_gradient():
@@ -213,7 +235,8 @@ def test_group_grad_norms_are_each_prompts_share_of_the_gradient():
     state = state_lib.init_train_state(fresh, sgd, jax.random.key(1), use_reference=False)
     correct_N = jnp.asarray([1, 0, 0, 0] + [0] * G + [1] * G + [0] * G, jnp.float32)
     parts = {"correct": correct_N}
-    new, metrics = ts.build_update(cfg, rl, sgd, sched)(state, rollout, correct_N, parts)
+    new, out = ts.build_update(cfg, rl, sgd, sched)(state, rollout, correct_N, parts)
+    metrics = out.metrics
     step_norm = optax.global_norm(jax.tree.map(jnp.subtract, new.params, params))
     norms = np.asarray(metrics["groups/grad_norm"])
     np.testing.assert_allclose(metrics["groups/success_rate"], [0.25, 0, 1, 0])

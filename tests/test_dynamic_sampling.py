@@ -6,9 +6,11 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from rlvr_jax import sampling, train
+from rlvr_jax import sampling
 from rlvr_jax.data.datasets import Example
+from rlvr_jax.program import rl_stage
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.rl import dynamic_sampling
 
 G = 2
 
@@ -41,9 +43,9 @@ def test_rounds_keep_groups_with_reward_variance_then_top_up():
     def verify(examples, i):
         rewards, width = plans[i]
         r = np.asarray(rewards, np.float32)
-        return train._Round(examples, _rollout(4, width, i), r, {"correct": r})
+        return dynamic_sampling.Round(examples, _rollout(4, width, i), r, {"correct": r})
 
-    rollout, rewards, parts, rounds, metrics = train.dynamic_sampling_batch(
+    rollout, rewards, parts, rounds, metrics = dynamic_sampling.dynamic_sampling_batch(
         draw, verify, batch_prompts=2, group_size=G, max_rounds=3, pad_id=0
     )
     assert len(rounds) == 2 and metrics["dynamic_sampling/rounds"] == 2
@@ -63,9 +65,9 @@ def test_rounds_run_out_and_the_batch_is_topped_up_with_dropped_groups():
 
     def verify(examples, _):
         r = np.ones((4,), np.float32)
-        return train._Round(examples, _rollout(4, 4, 0), r, {"correct": r})
+        return dynamic_sampling.Round(examples, _rollout(4, 4, 0), r, {"correct": r})
 
-    rollout, rewards, _, rounds, metrics = train.dynamic_sampling_batch(
+    rollout, rewards, _, rounds, metrics = dynamic_sampling.dynamic_sampling_batch(
         draw, verify, batch_prompts=2, group_size=G, max_rounds=2, pad_id=0
     )
     assert len(rounds) == 2 and rollout.tokens_NT.shape[0] == 4
@@ -81,7 +83,7 @@ def test_tiny_run_with_dynamic_sampling(tmp_path):
     config.data.dynamic_sampling = True
     config.data.dynamic_max_rounds = 3
     config.data.sampler = "curriculum"
-    result = train.run(settings_lib.settings_from_config(config), tmp_path, log=lambda _: None)
+    result = rl_stage.run(settings_lib.settings_from_config(config), tmp_path, log=lambda _: None)
     assert result["steps"] == 3
     lines = (Path(tmp_path) / "metrics.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]

@@ -1,9 +1,11 @@
 """`python -m rlvr_jax.eval` on a briefly fine-tuned tiny model: greedy accuracy as the training
-loop measures it, pass@k and mean@n from samples, per-source tables, the JSON and the table."""
+loop measures it, pass@k and mean@n from samples, per-source tables, the JSON and the table; a
+missing --step named with the available ones, an unreadable latest checkpoint skipped."""
 
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +15,13 @@ import numpy as np
 import pytest
 
 from configs import sft_tiny
-from rlvr_jax import eval as eval_lib
-from rlvr_jax import export, sampling, sft, train
+from rlvr_jax import sampling
 from rlvr_jax.data import datasets, templates
+from rlvr_jax.envs.single_turn import build_task
+from rlvr_jax.envs.task import Task
+from rlvr_jax.program import build, evaluation, sft_stage
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.evaluation import heldout_evaluator
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,27 +35,27 @@ def run(tmp_path_factory):
     config.train.use_tensorboard = False
     config.sft.eval = False
     config.sft.export = False
-    sft.run(settings_lib.settings_from_config(config), workdir, log=lambda _: None)
+    sft_stage.run(settings_lib.settings_from_config(config), workdir, log=lambda _: None)
     return workdir
 
 
 @pytest.fixture(scope="module")
 def policy(run):
-    params, cfg, tok, settings, _ = export.restore_policy(run)
-    _, heldout, _ = train.load_examples(settings.data)
+    params, cfg, tok, settings, _ = build.restore_policy(run)
+    _, heldout, _ = build.load_examples(settings.data)
     return params, cfg, tok, settings, heldout
 
 
 def test_greedy_accuracy_is_the_training_loops(policy):
     params, cfg, tok, settings, heldout = policy
-    result = eval_lib.evaluate(params, cfg, tok, settings, heldout)
+    result = evaluation.evaluate(params, cfg, tok, settings, heldout)
     sampler = dataclasses.replace(settings.rl.sampler, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
     s = dataclasses.replace(settings, rl=dataclasses.replace(settings.rl, sampler=sampler))
     enc = templates.encode_prompts(
         heldout, templates.get_template(s.data.template), tok, s.data.buckets
     )
-    task = train.build_task(s.reward, tok, cfg, enc.examples, s.data.template)
-    loop = train.build_evaluator(cfg, s, task, tok.pad_id)(params, enc.ids, enc.examples)
+    task = build_task(s.reward, tok, cfg.vocab_size, enc.examples, s.data.template)
+    loop = heldout_evaluator(cfg, s, task, tok, enc.ids, enc.examples)(params)
     greedy = result["greedy"]["all"]
     assert 0.1 < greedy["mean@1"] < 0.95
     assert greedy["mean@1"] == loop["eval/accuracy"]
@@ -63,15 +68,15 @@ def test_greedy_accuracy_is_the_training_loops(policy):
 def test_samples_give_pass_at_k_and_mean_at_n(policy):
     params, cfg, tok, settings, heldout = policy
     # Near-zero temperature: every sample is the greedy answer, so every statistic equals it.
-    cold = eval_lib.EvalOptions(num_samples=4, ks=(1, 2, 4), temperature=1e-4)
-    result = eval_lib.evaluate(params, cfg, tok, settings, heldout, cold)
+    cold = evaluation.EvalOptions(num_samples=4, ks=(1, 2, 4), temperature=1e-4)
+    result = evaluation.evaluate(params, cfg, tok, settings, heldout, cold)
     greedy, sampled = result["greedy"]["all"]["mean@1"], result["sampled"]["all"]
     for name in ("mean@4", "pass@1", "pass@2", "pass@4"):
         assert sampled[name] == pytest.approx(greedy), name
     # At temperature 1 the samples differ: pass@k grows with k, pass@1 is mean@n.
     # Same shapes as above (n=4): the sampler program is reused, only the temperature changes.
-    warm = eval_lib.EvalOptions(num_samples=4, ks=(1, 2, 4, 16), temperature=1.0, seed=3)
-    sampled = eval_lib.evaluate(params, cfg, tok, settings, heldout, warm)["sampled"]["all"]
+    warm = evaluation.EvalOptions(num_samples=4, ks=(1, 2, 4, 16), temperature=1.0, seed=3)
+    sampled = evaluation.evaluate(params, cfg, tok, settings, heldout, warm)["sampled"]["all"]
     assert sampled["samples"] == 4 and "pass@16" not in sampled
     assert sampled["pass@1"] == pytest.approx(sampled["mean@4"])
     assert sampled["pass@1"] < sampled["pass@2"] < sampled["pass@4"] <= 1.0
@@ -82,7 +87,7 @@ def test_per_source_tables(policy):
     half = len(heldout) // 2
     mixed = [dataclasses.replace(ex, source="a") for ex in heldout[:half]]
     mixed += [dataclasses.replace(ex, source="b") for ex in heldout[half:]]
-    result = eval_lib.evaluate(params, cfg, tok, settings, mixed)["greedy"]
+    result = evaluation.evaluate(params, cfg, tok, settings, mixed)["greedy"]
     assert sorted(result) == ["a", "all", "b"]
     assert result["a"]["prompts"] + result["b"]["prompts"] == result["all"]["prompts"]
     weighted = (
@@ -130,23 +135,20 @@ def test_cli_on_named_datasets_writes_json_and_a_table(run, tmp_path):
 
 def test_bad_options_are_named():
     with pytest.raises(ValueError, match="num_samples=-1"):
-        eval_lib.EvalOptions(num_samples=-1)
+        evaluation.EvalOptions(num_samples=-1)
     with pytest.raises(ValueError, match="temperature"):
-        eval_lib.EvalOptions(temperature=0.0)
+        evaluation.EvalOptions(temperature=0.0)
 
 
-class _TextTask:
+class _TextTask(Task):
     """A host verifier: the decoded response must be the answer, then the end token."""
 
-    in_graph = False
+    name = "text"
 
     def __init__(self, tok):
         self.tok = tok
 
-    def targets(self, examples, group_size):
-        return None
-
-    def host_rewards(self, rollout, rows, G, T):
+    def score(self, rollout, rows):
         tokens, lengths, finish = jax.device_get(
             (rollout.tokens_NT, rollout.lengths_N, rollout.finish_N)
         )
@@ -157,7 +159,7 @@ class _TextTask:
             )
             for t, n, f, ex in zip(tokens, lengths, finish, rows, strict=True)
         ]
-        return np.asarray(correct), {"correct": np.asarray(correct, np.float32)}
+        return {"correct": np.asarray(correct, np.float32)}
 
 
 def test_host_verifier_path_agrees_with_the_in_graph_one(policy):
@@ -166,13 +168,47 @@ def test_host_verifier_path_agrees_with_the_in_graph_one(policy):
     enc = templates.encode_prompts(
         heldout, templates.get_template(settings.data.template), tok, settings.data.buckets
     )
-    in_graph_task = train.build_task(settings.reward, tok, cfg, enc.examples, "")
+    in_graph_task = build_task(settings.reward, tok, cfg.vocab_size, enc.examples, "")
     # The shapes of the sampling test above (32 prompts x 4), so nothing compiles again.
     common = dict(buckets=(8,), pad_id=tok.pad_id, batch_prompts=32, seed=1)
     args = (params, cfg)
     rest = (enc.ids, enc.examples, sampler, 4)
-    in_graph = eval_lib.generate_and_score(*args, in_graph_task, *rest, **common)
-    host = eval_lib.generate_and_score(*args, _TextTask(tok), *rest, **common)
+    in_graph = evaluation.generate_and_score(*args, in_graph_task, *rest, **common)
+    host = evaluation.generate_and_score(*args, _TextTask(tok), *rest, **common)
     assert in_graph[0].shape == (len(heldout), 4) and 0 < in_graph[0].mean() < 1
     for a, b in zip(in_graph, host, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def _eval(*flags: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-m", "rlvr_jax.eval", *flags]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_names_a_missing_step_with_the_available_ones(run, tmp_path):
+    proc = _eval(f"--workdir={run}", "--step=55", f"--out={tmp_path / 'r.json'}")
+    assert proc.returncode != 0
+    assert "no checkpoint for step 55" in proc.stderr and "available steps: [50, 60]" in proc.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_cli_skips_an_unreadable_latest_checkpoint_with_a_warning(run, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(run, workdir)
+    (workdir / build.CHECKPOINTS / "60" / "meta" / "metadata").write_bytes(b"\x00{not json")
+    datasets.write_examples(tmp_path / "few.jsonl", datasets.arithmetic_examples(4, seed=5))
+    out = tmp_path / "r.json"
+    proc = _eval(
+        f"--workdir={workdir}", f"--datasets=examples:{tmp_path / 'few.jsonl'}", f"--out={out}"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(out.read_text())["checkpoint_step"] == 50
+    assert "checkpoint step 60 is unreadable" in proc.stderr and "JSONDecodeError" in proc.stderr
+    assert str(workdir / build.CHECKPOINTS / "60") in proc.stderr
+    # What it evaluated is step 50 of the run.
+    params, *_, step = build.restore_policy(workdir)
+    step50, *_ = build.restore_policy(run, step=50)
+    assert step == 50
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(step50), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -7,12 +7,13 @@ import jax
 import numpy as np
 import pytest
 
+from rlvr_jax import filter as filter_cli
 from rlvr_jax.data import datasets as ds
-from rlvr_jax.data import filter as flt
 from rlvr_jax.data import templates as tp
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import transformer as tf
+from rlvr_jax.program import difficulty
 
 ALPHABET = "0123456789+-*="
 # One sampler program serves every test here: same model shape, bucket, rows and length.
@@ -26,24 +27,24 @@ def _examples(k: int) -> list[ds.Example]:
 def test_filter_by_success_drops_always_and_optionally_never_solved():
     examples = _examples(6)
     counts = [0, 4, 2, 4, 1, 3]
-    kept, stats = flt.filter_by_success(examples, counts, 4)
+    kept, stats = difficulty.filter_by_success(examples, counts, 4)
     assert [ex.id for ex in kept] == ["e/0", "e/2", "e/4", "e/5"]
     assert stats == {"total": 6, "kept": 4, "dropped_all_solved": 2, "dropped_never_solved": 0}
-    kept, stats = flt.filter_by_success(examples, counts, 4, drop_never_solved=True)
+    kept, stats = difficulty.filter_by_success(examples, counts, 4, drop_never_solved=True)
     assert [ex.id for ex in kept] == ["e/2", "e/4", "e/5"]
     assert stats["dropped_never_solved"] == 1
-    kept, stats = flt.filter_by_success(examples, counts, 4, drop_all_solved=False)
+    kept, stats = difficulty.filter_by_success(examples, counts, 4, drop_all_solved=False)
     assert kept == examples and stats["kept"] == 6
     with pytest.raises(ValueError, match=r"success_counts\[1\]=5 is outside \[0, 4\]"):
-        flt.filter_by_success(examples[:2], [0, 5], 4)
+        difficulty.filter_by_success(examples[:2], [0, 5], 4)
     with pytest.raises(ValueError, match=r"expected \(6,\)"):
-        flt.filter_by_success(examples, [0, 1], 4)
+        difficulty.filter_by_success(examples, [0, 1], 4)
 
 
 def test_histogram():
-    hist = flt.success_histogram([0, 4, 2, 4, 1, 0, 0], 4)
+    hist = difficulty.success_histogram([0, 4, 2, 4, 1, 0, 0], 4)
     assert hist.tolist() == [3, 1, 1, 0, 2]
-    text = flt.format_histogram(hist, width=6)
+    text = difficulty.format_histogram(hist, width=6)
     assert text.splitlines() == [
         "successes/4  prompts",
         "0/4  3  ######",
@@ -72,7 +73,7 @@ def test_histogram():
 )
 def test_last_number_verifier(completion, gold, solved):
     example = ds.Example("e", "q", gold, "test")
-    assert flt.last_number_verifier(completion, example) is solved
+    assert difficulty.last_number_verifier(completion, example) is solved
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,7 @@ def test_count_successes_groups_samples_by_prompt(tiny):
         assert set(text) <= set(ALPHABET)  # decoded, eos dropped
         return example.id in ("arithmetic/0/1", "arithmetic/0/4")
 
-    sampled, counts = flt.count_successes(
+    sampled, counts = difficulty.count_successes(
         params,
         cfg,
         tok,
@@ -116,7 +117,7 @@ def test_command_end_to_end(tiny, tmp_path, capsys):
     data = tmp_path / "problems.jsonl"
     ds.write_examples(data, problems)
     output = tmp_path / "kept.jsonl"
-    result = flt.run(
+    result = filter_cli.run(
         [
             "filter",
             "--model=random:tiny",
@@ -134,7 +135,7 @@ def test_command_end_to_end(tiny, tmp_path, capsys):
     )
     assert result.examples == problems
     assert result.histogram.tolist() == np.bincount(result.success_counts, minlength=N + 1).tolist()
-    kept, stats = flt.filter_by_success(
+    kept, stats = difficulty.filter_by_success(
         result.examples, result.success_counts, N, drop_all_solved=True, drop_never_solved=True
     )
     assert stats == result.stats
@@ -151,7 +152,7 @@ def test_command_end_to_end(tiny, tmp_path, capsys):
         assert 0 < counts[ex.id] < N
         assert ex.meta["value"] == int(ex.answer)  # the input record's meta is kept
     out = capsys.readouterr().out
-    assert flt.format_histogram(result.histogram) in out
+    assert difficulty.format_histogram(result.histogram) in out
     assert f"kept {stats['kept']} of 8 prompts" in out
-    with pytest.raises(flt.app.UsageError, match="--output is required"):
-        flt.run(["filter", "--dataset=arithmetic", "--num_prompts=2"])
+    with pytest.raises(filter_cli.app.UsageError, match="--output is required"):
+        filter_cli.run(["filter", "--dataset=arithmetic", "--num_prompts=2"])

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_jax import train
 from rlvr_jax.config_types import ConfigError
+from rlvr_jax.program import rl_stage
 from rlvr_jax.program import settings as settings_lib
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def test_tiny_run_in_process(tmp_path):
     config.train.steps = 4
     config.train.use_tensorboard = False
     lines = []
-    result = train.run(settings_lib.settings_from_config(config), tmp_path, log=lines.append)
+    result = rl_stage.run(settings_lib.settings_from_config(config), tmp_path, log=lines.append)
     assert result["steps"] == 4
     assert 0.0 <= result["eval_after"]["eval/accuracy"] <= 1.0
     assert any("before" in line and "after" in line for line in lines)
@@ -147,7 +147,7 @@ def test_host_verifier_path_reports_every_stage(tmp_path):
     config.train.use_tensorboard = False
     config.reward.verifier = "math"
     config.reward.format = "none"
-    result = train.run(settings_lib.settings_from_config(config), tmp_path, log=lambda _: None)
+    result = rl_stage.run(settings_lib.settings_from_config(config), tmp_path, log=lambda _: None)
     assert result["steps"] == 2
     row = _metrics(tmp_path)[2]
     n = config.train.batch_prompts * config.rl.group_size

@@ -64,6 +64,7 @@ def test_jsonl_holds_every_metric_of_every_step(tmp_path):
     lines = _strict_lines(tmp_path / "metrics.jsonl")
     assert [e["step"] for e in lines] == [1, 2, 3]
     last = lines[-1]
+    assert last["record"] == "step"  # write's default kind
     assert before <= last["time"] <= time.time()
     assert last["reward/mean"] == 0.75 and isinstance(last["reward/mean"], float)
     assert last["length/mean"] == 103.0
@@ -182,7 +183,7 @@ def test_resume_drops_entries_after_the_restored_step(tmp_path):
     ) as w:
         assert [e["step"] for e in metrics_lib.read_metrics(tmp_path)] == [1, 2, 3]
         w.write(4, {"x": 40.0})
-    assert "dropped 2 entries after step 3" in stream.getvalue()
+    assert "resuming from step 3: dropped 2 records" in stream.getvalue()
     entries = metrics_lib.read_metrics(tmp_path)
     assert [(e["step"], e["x"]) for e in entries] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
     # A fresh run (resume_step=0) in the same workdir starts a new history.
@@ -190,15 +191,107 @@ def test_resume_drops_entries_after_the_restored_step(tmp_path):
     assert metrics_lib.read_metrics(tmp_path) == []
 
 
+def _writer(tmp_path, resume_step=0, stream=None):
+    return metrics_lib.MetricsWriter(
+        tmp_path,
+        use_tensorboard=False,
+        resume_step=resume_step,
+        stream=stream if stream is not None else io.StringIO(),
+    )
+
+
+def _kinds(records) -> list[tuple[int, str]]:
+    return [(r["step"], r["record"]) for r in records]
+
+
+def test_a_finished_run_extended_keeps_every_step_row(tmp_path):
+    """Steps 1..5 and a final evaluation at 5; resumed at 5 and run to 8: every step row once,
+    the old final evaluation gone, the new one present, the evaluation before training kept."""
+    with _writer(tmp_path) as w:
+        w.write(0, {"eval/accuracy": 0.1}, record=metrics_lib.EVAL)
+        for i in range(1, 6):
+            w.write(i, {"accuracy": 0.1 * i, "eval/accuracy": 0.3} if i == 3 else {"accuracy": i})
+        w.write(5, {"eval/accuracy": 0.5}, record=metrics_lib.FINAL)
+    first = metrics_lib.read_metrics(tmp_path)
+    # The final evaluation shares step 5 with the training row; both are kept.
+    assert _kinds(first) == [(0, "eval"), *[(i, "step") for i in range(1, 6)], (5, "final")]
+    assert metrics_lib.final_eval(first)["eval/accuracy"] == 0.5
+    stream = io.StringIO()
+    with _writer(tmp_path, resume_step=5, stream=stream) as w:
+        assert _kinds(metrics_lib.read_metrics(tmp_path))[-1] == (5, "step")
+        for i in range(6, 9):
+            w.write(i, {"accuracy": i})
+        w.write(8, {"eval/accuracy": 0.8}, record="final")
+    assert "resuming from step 5: dropped 1 records" in stream.getvalue()
+    records = metrics_lib.read_metrics(tmp_path)
+    assert _kinds(records) == [(0, "eval"), *[(i, "step") for i in range(1, 9)], (8, "final")]
+    rows = metrics_lib.step_rows(records)
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert rows[2]["eval/accuracy"] == 0.3  # a periodic evaluation stays in its step's row
+    assert metrics_lib.initial_eval(records)["eval/accuracy"] == 0.1
+    assert metrics_lib.final_eval(records)["eval/accuracy"] == 0.8
+    steps, acc = metrics_lib.series(records, "eval/accuracy")
+    np.testing.assert_array_equal(steps, [0, 3, 8])
+    np.testing.assert_allclose(acc, [0.1, 0.3, 0.8])
+
+
+def test_a_stopped_run_resumed_drops_its_final_eval_and_later_rows(tmp_path):
+    """SIGTERM at step 4 (final evaluation written there), last checkpoint at 3: the resumed run
+    keeps steps 1..3 and the evaluation before training only."""
+    with _writer(tmp_path) as w:
+        w.write(0, {"eval/accuracy": 0.1}, record="eval")
+        for i in range(1, 5):
+            w.write(i, {"accuracy": float(i)})
+        w.write(4, {"eval/accuracy": 0.4}, record="final")
+    with _writer(tmp_path, resume_step=3):
+        pass
+    records = metrics_lib.read_metrics(tmp_path)
+    assert _kinds(records) == [(0, "eval"), (1, "step"), (2, "step"), (3, "step")]
+    assert metrics_lib.final_eval(records) is None
+    # A fresh run (resume_step=0) evaluates again: nothing of the old history stays.
+    with _writer(tmp_path):
+        pass
+    assert metrics_lib.read_metrics(tmp_path) == []
+
+
+def test_old_ledgers_without_kinds_read_as_step_rows(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [
+        {"step": 0, "time": 1.0, "eval/accuracy": 0.1},
+        {"step": 1, "time": 2.0, "accuracy": 0.5, "kl/mean": None},
+        {"step": 2, "time": 3.0, "accuracy": 0.75},
+        {"step": 2, "time": 4.0, "eval/accuracy": 0.6},
+    ]
+    path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    records = metrics_lib.read_metrics(tmp_path)
+    assert records == [{**e, "record": "step"} for e in lines]
+    assert len(metrics_lib.step_rows(records)) == 4
+    assert metrics_lib.final_eval(records) is None
+    steps, acc = metrics_lib.series(records, "accuracy")
+    np.testing.assert_array_equal(steps, [1, 2])
+    steps, kl = metrics_lib.series(records, "kl/mean")
+    assert steps.tolist() == [1] and np.isnan(kl).all()
+    assert metrics_lib.series(records, "kl/mean", drop_missing=True)[0].size == 0
+    # Resuming such a ledger keeps its lines up to the step and writes kinds from then on.
+    with _writer(tmp_path, resume_step=1) as w:
+        w.write(2, {"accuracy": 0.25})
+    assert _kinds(metrics_lib.read_metrics(tmp_path)) == [(0, "step"), (1, "step"), (2, "step")]
+
+
 def test_read_metrics_tolerates_a_torn_last_line_only(tmp_path):
     assert metrics_lib.read_metrics(tmp_path) == []
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n{"step": 1, "x": 9}\n{"step": 3, "x')
-    assert [(e["step"], e["x"]) for e in metrics_lib.read_metrics(tmp_path)] == [(1, 9), (2, 2)]
-    assert metrics_lib.truncate_metrics(tmp_path, after_step=10) == 2  # the tear and a duplicate
-    assert path.read_text().count("\n") == 2
+    # Every complete line is a record, in the order written; none replaces another.
+    records = metrics_lib.read_metrics(tmp_path)
+    assert [(e["step"], e["x"]) for e in records] == [(1, 1), (2, 2), (1, 9)]
+    assert metrics_lib.truncate_metrics(tmp_path, after_step=10) == 1  # the tear
+    assert path.read_text().count("\n") == 3
     path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a metrics entry"):
+        metrics_lib.read_metrics(tmp_path)
+    path.write_text('{"step": 1, "record": "bogus"}\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:1: .*unknown record kind 'bogus'"):
         metrics_lib.read_metrics(tmp_path)
 
 
@@ -210,6 +303,10 @@ def test_bad_metrics_name_the_value(tmp_path):
             w.write(1, {"name": "abc"})
         with pytest.raises(ValueError, match="reserved"):
             w.write(1, {"time": 1.0})
+        with pytest.raises(ValueError, match="reserved"):
+            w.write(1, {"record": 1.0})
+        with pytest.raises(ValueError, match="record='last'"):
+            w.write(1, {"x": 1.0}, record="last")
         with pytest.raises(TypeError, match="step=1.5"):
             w.write(1.5, {"x": 1.0})
     with pytest.raises(RuntimeError, match="closed"):

@@ -1,5 +1,7 @@
-"""The report: PNGs from metrics.jsonl, skipped topics, the group-success plots, the CLI."""
+"""The report: PNGs from metrics.jsonl, skipped topics, the group-success plots, the CLI, and
+the rows it reads being the ablation's."""
 
+import io
 import json
 import subprocess
 import sys
@@ -10,6 +12,8 @@ from matplotlib.collections import QuadMesh
 from PIL import Image
 
 from rlvr_jax import report
+from rlvr_jax.program import ablation, plots
+from rlvr_jax.program import metrics as metrics_lib
 
 
 def _write(workdir, entries):
@@ -49,7 +53,7 @@ def _full_run(steps: int = 6, hist: bool = True) -> list[dict]:
 def test_every_plot_is_a_png(tmp_path):
     _write(tmp_path, _full_run())
     notes = []
-    written = report.make_report(tmp_path, window=3, log=notes.append)
+    written = plots.make_report(tmp_path, window=3, log=notes.append)
     assert set(written) == {"reward", "length", "kl", "clip", "entropy", "timing", "groups"}
     for path in written.values():
         assert path.parent == tmp_path / "plots"
@@ -60,7 +64,7 @@ def test_every_plot_is_a_png(tmp_path):
 
 def test_missing_metrics_skip_their_plot_with_a_note(tmp_path, capsys):
     _write(tmp_path, [{"step": s, "time": 0.0, "reward/mean": 0.5} for s in range(3)])
-    written = report.make_report(tmp_path, out_dir=tmp_path / "out")
+    written = plots.make_report(tmp_path, out_dir=tmp_path / "out")
     assert set(written) == {"reward"}
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["reward.png"]
     out = capsys.readouterr().out
@@ -71,7 +75,7 @@ def test_missing_metrics_skip_their_plot_with_a_note(tmp_path, capsys):
 
 
 def test_success_histogram_heat_map_holds_fractions():
-    fig = report.group_figure(_full_run(steps=3))
+    fig = plots.group_figure(_full_run(steps=3))
     (mesh,) = [c for c in fig.axes[0].collections if isinstance(c, QuadMesh)]
     fractions = np.asarray(mesh.get_array()).reshape(5, 3)
     expected = np.array([[1, 1, 0, 5, 0], [2, 1, 0, 4, 0], [3, 1, 0, 3, 0]]).T / 7
@@ -79,7 +83,7 @@ def test_success_histogram_heat_map_holds_fractions():
 
 
 def test_without_histogram_the_outcome_fractions_are_stacked():
-    fig = report.group_figure(_full_run(steps=4, hist=False))
+    fig = plots.group_figure(_full_run(steps=4, hist=False))
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "all wrong",
@@ -89,24 +93,24 @@ def test_without_histogram_the_outcome_fractions_are_stacked():
     # The top of the stack is 1: wrong 0.5 + mixed 0.4 + correct 0.1.
     top = ax.collections[-1].get_paths()[0].vertices[:, 1]
     assert np.isclose(top.max(), 1.0)
-    assert report.group_figure([{"step": 1, "adv/frac_all_wrong": 0.5}]).startswith("no ")
+    assert plots.group_figure([{"step": 1, "adv/frac_all_wrong": 0.5}]).startswith("no ")
 
 
 def test_line_figure_draws_present_keys_and_smooths():
     entries = [{"step": s, "length/mean": float(s), "length/p95": None} for s in range(1, 5)]
-    spec = report.LINE_PLOTS[1]
-    fig = report.line_figure(entries, spec)
+    spec = plots.LINE_PLOTS[1]
+    fig = plots.line_figure(entries, spec)
     ax = fig.axes[0]
     assert [line.get_label() for line in ax.get_lines()] == ["length/mean", "length/p95"]
     assert np.isnan(ax.get_lines()[1].get_ydata()).all()
     np.testing.assert_allclose(
-        report.smooth(np.array([1.0, np.nan, 3.0, 5.0]), 2), [1.0, 1.0, 3.0, 4.0]
+        plots.smooth(np.array([1.0, np.nan, 3.0, 5.0]), 2), [1.0, 1.0, 3.0, 4.0]
     )
 
 
 def test_empty_workdir_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
-        report.make_report(tmp_path)
+        plots.make_report(tmp_path)
 
 
 def test_command_line(tmp_path):
@@ -123,3 +127,42 @@ def test_command_line(tmp_path):
     assert (tmp_path / "plots" / "groups.png").exists()
     with pytest.raises(SystemExit):
         report.main(["--workdir", str(tmp_path), "--smooth", "0"])
+
+
+def test_report_and_ablation_read_the_same_rows(tmp_path):
+    """A run stopped at step 3 (its final evaluation written there), resumed from its step-3
+    checkpoint and run to 5: the report plots, and the ablation counts, each step row once."""
+    accuracy = {1: 0.25, 2: 0.5, 3: 0.75, 4: 0.5, 5: 1.0}
+
+    def step(i):
+        return {"accuracy": accuracy[i], "time/step": 2.0, "adv/frac_zero_variance": 0.5}
+
+    quiet = dict(use_tensorboard=False, stream=io.StringIO())
+    with metrics_lib.MetricsWriter(tmp_path, **quiet) as w:
+        w.write(0, {"eval/accuracy": 0.25, "eval/length": 3.0}, record="eval")
+        for i in (1, 2, 3):
+            w.write(i, step(i))
+        w.write(3, {"eval/accuracy": 0.5, "eval/length": 3.0}, record="final")
+    with metrics_lib.MetricsWriter(tmp_path, resume_step=3, **quiet) as w:
+        for i in (4, 5):
+            w.write(i, step(i))
+        w.write(5, {"eval/accuracy": 0.75, "eval/length": 2.0}, record="final")
+
+    records = metrics_lib.read_metrics(tmp_path)
+    fig = plots.report_figures(records)["reward"]
+    (line,) = [ln for ln in fig.axes[0].get_lines() if ln.get_label() == "accuracy"]
+    np.testing.assert_array_equal(line.get_xdata(), [1, 2, 3, 4, 5])
+    np.testing.assert_allclose(line.get_ydata(), [accuracy[i] for i in range(1, 6)])
+    result = {
+        "rows_per_step": 4,
+        "eval_before": metrics_lib.initial_eval(records),
+        "eval_after": metrics_lib.final_eval(records),
+    }
+    stats = ablation.run_stats(records, result)
+    assert stats["successes"] == pytest.approx(4 * sum(line.get_ydata()))
+    assert stats["acc_after"] == 0.75
+    # Steps 2..5 timed (step 1 carries the compilation): 4 * (0.5 + 0.75 + 0.5 + 1) in 8 s.
+    assert stats["successes_per_minute"] == pytest.approx(60 * 11 / 8)
+    notes = []
+    plots.make_report(tmp_path, log=notes.append)
+    assert notes[-1].startswith("report: wrote 2 plots of 5 steps")

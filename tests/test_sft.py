@@ -15,14 +15,17 @@ import numpy as np
 import pytest
 
 from configs import sft_tiny
-from rlvr_jax import sft, train
+from rlvr_jax import sft
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data import datasets, templates
 from rlvr_jax.data.tokenizer import Tokenizer
+from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import loading
 from rlvr_jax.model import transformer as tf
+from rlvr_jax.program import build, sft_stage
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.evaluation import heldout_evaluator
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -165,7 +168,7 @@ def test_main_learns_addition_from_a_file_and_exports(tmp_path):
     assert evals[1]["eval/accuracy"] >= 0.5
 
     # The exported directory is the policy: it reloads to the same greedy accuracy.
-    export = workdir / sft.EXPORT_DIR
+    export = workdir / sft_stage.EXPORT_DIR
     assert sorted(p.name for p in export.iterdir()) == [
         "config.json",
         "model.safetensors",
@@ -175,13 +178,13 @@ def test_main_learns_addition_from_a_file_and_exports(tmp_path):
     params, cfg = loading.load_model(str(export))
     settings = settings_lib.load_settings(workdir)
     assert settings.train.stage == "sft" and settings.sft.path == str(path)
-    tok = train.build_tokenizer(settings.model)
+    tok = build.build_tokenizer(settings.model)
     sampler = dataclasses.replace(settings.rl.sampler, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
     s = dataclasses.replace(settings, rl=dataclasses.replace(settings.rl, sampler=sampler))
-    _, eval_ex, _ = train.load_examples(s.data)
+    _, eval_ex, _ = build.load_examples(s.data)
     enc = templates.encode_prompts(eval_ex, templates.get_template(s.data.template), tok, (8,))
-    task = train.build_task(s.reward, tok, cfg, enc.examples, s.data.template)
-    acc = train.build_evaluator(cfg, s, task, tok.pad_id)(params, enc.ids, enc.examples)
+    task = build_task(s.reward, tok, cfg.vocab_size, enc.examples, s.data.template)
+    acc = heldout_evaluator(cfg, s, task, tok, enc.ids, enc.examples)(params)
     assert acc["eval/accuracy"] == evals[1]["eval/accuracy"]
 
 
@@ -189,13 +192,13 @@ def test_resume_gives_the_same_losses(tmp_path):
     config = _config(sft__eval=False, sft__export=False, train__checkpoint_every=3)
     config.train.steps = 8
     settings = settings_lib.settings_from_config(config)
-    straight = sft.run(settings, tmp_path / "a", log=lambda _: None)
+    straight = sft_stage.run(settings, tmp_path / "a", log=lambda _: None)
     assert straight["resumed_from"] == 0
     # The same run interrupted after step 6: its last checkpoint is that of step 6.
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     shutil.rmtree(tmp_path / "b" / "checkpoints" / "8")
     lines = []
-    resumed = sft.run(settings, tmp_path / "b", log=lines.append)
+    resumed = sft_stage.run(settings, tmp_path / "b", log=lines.append)
     assert resumed["resumed_from"] == 6 and any("resumed from step 6" in x for x in lines)
     a, b = _metrics(tmp_path / "a"), _metrics(tmp_path / "b")
     assert sorted(b) == list(range(1, 9))
@@ -215,4 +218,5 @@ def test_settings_errors_fail_before_compiling(tmp_path):
     with pytest.raises(ConfigError, match="train.stage='ppo'"):
         settings_lib.settings_from_config(_config(train__stage="ppo"))
     with pytest.raises(ConfigError, match="sft.batch_size=4096 exceeds"):
-        sft.run(settings_lib.settings_from_config(_config(sft__batch_size=4096)), tmp_path, print)
+        s = settings_lib.settings_from_config(_config(sft__batch_size=4096))
+        sft_stage.run(s, tmp_path, print)

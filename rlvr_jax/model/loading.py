@@ -47,16 +47,3 @@ def load_model(source: str, seed: int = 0, **overrides: Any) -> tuple[Params, Mo
             raise FileNotFoundError(f"GGUF file {source!r} does not exist")
         return gguf.load_gguf(source, **overrides)
     return hf.load_hf(source, **overrides)
-
-
-def load_tokenizer(source: str):
-    """The tokenizer that goes with the weights of `source` (None for random weights)."""
-    from rlvr_jax.data.tokenizer import Tokenizer
-
-    if source == EMBEDDED:
-        return Tokenizer.from_gguf(gguf.embedded_model_path())
-    if source.startswith("random:"):
-        return None
-    if source.endswith(".gguf"):
-        return Tokenizer.from_gguf(source)
-    return Tokenizer.from_hf_dir(hf.resolve_checkpoint(source))

@@ -6,22 +6,35 @@ histogram of group success counts); `MetricsWriter.write` fetches them with one 
 the only host sync per step is the one the caller chooses to make (ideally after dispatching the
 next step). Only process 0 writes; other processes get a writer whose methods do nothing.
 
-`workdir/metrics.jsonl` holds one JSON object per step: "step", wall-clock "time", then the
-metrics. Non-finite values are written as null (strict JSON) and counted. When a run resumes from
-a checkpoint, entries past the restored step are dropped so the file describes one history.
+`workdir/metrics.jsonl` holds one JSON object per record: "step", the record's kind ("record":
+`STEP` for a training step's row, which may carry a periodic evaluation too; `EVAL` for the
+evaluation before training, at step 0; `FINAL` for the evaluation after training, at the last
+step), wall-clock "time", then the metrics. Every record is kept, so a training row and the final
+evaluation of the same step are two lines. Non-finite values are written as null (strict JSON) and
+counted. When a run resumes from a checkpoint, step rows past the restored step and the previous
+attempt's final evaluation are dropped, so the file describes one history.
+
+Every file is written in the caller's thread, one append per step, so a full disk or a read-only
+directory stops the run at that step with one `MetricsWriteError` naming the path and the error,
+instead of a background writer dying and a later write waiting on it forever.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
+import itertools
 import json
 import logging
 import math
 import os
+import socket
+import struct
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -29,11 +42,17 @@ import jax
 import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
-# Names the writer derives throughput from, and the stage names the training loop uses.
+# Names the writer derives throughput from.
 STEP_TIME = "time/step"
 ROLLOUT_TOKENS = "rollout/tokens"
 TOKENS_PER_S = "throughput/tokens_per_s"
-STAGES = ("select", "rollout", "verify", "update", "step")
+# The kinds of record, in the "record" field of each line.
+STEP = "step"
+EVAL = "eval"
+FINAL = "final"
+RECORD_KINDS = (STEP, EVAL, FINAL)
+RECORD = "record"
+_RESERVED = ("step", RECORD, "time")
 
 # Console headline: (label, metric name, format).
 _HEADLINE = (
@@ -149,47 +168,272 @@ def _scrub(name: str, value: Any, bad: list[str]) -> Any:
     return value
 
 
-def read_metrics(workdir: str | Path) -> list[dict[str, Any]]:
-    """The entries of `workdir/metrics.jsonl`, sorted by step; a later entry for a step replaces
-    an earlier one. A torn last line (a crash mid-write) is ignored; a bad line elsewhere is an
-    error naming the file and line. No file: an empty list."""
-    path = Path(workdir) / METRICS_FILE
-    if not path.exists():
-        return []
+def _parse(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The records of the ledger at `path` and its number of non-empty lines."""
     lines = path.read_text(encoding="utf-8").split("\n")
-    by_step: dict[int, dict[str, Any]] = {}
+    records, raw_lines = [], 0
     for i, line in enumerate(lines):
         if not line.strip():
             continue
+        raw_lines += 1
         try:
-            entry = json.loads(line)
-            step = int(entry["step"])
+            record = json.loads(line)
+            record["step"] = int(record["step"])
+            # Ledgers written before records had kinds hold training rows only as far as the
+            # reader can tell.
+            kind = record.setdefault(RECORD, STEP)
+            if kind not in RECORD_KINDS:
+                raise ValueError(f"unknown record kind {kind!r}")
         except (ValueError, KeyError, TypeError) as e:
             if i == len(lines) - 1:  # torn final write: no trailing newline after it
                 logging.warning("%s: ignoring an incomplete last line", path)
                 break
             raise ValueError(f"{path}:{i + 1}: not a metrics entry ({e}): {line[:200]!r}") from e
-        by_step[step] = entry
-    return [by_step[s] for s in sorted(by_step)]
+        records.append(record)
+    return records, raw_lines
+
+
+def read_metrics(workdir: str | Path) -> list[dict[str, Any]]:
+    """Every record of `workdir/metrics.jsonl`, in the order written.
+
+    Each record has "step", "record" (one of `RECORD_KINDS`; `STEP` where an older ledger has no
+    such field), "time" and the metrics. A torn last line (a crash mid-write) is ignored; a bad
+    line elsewhere is an error naming the file and line. No file: an empty list.
+    """
+    path = Path(workdir) / METRICS_FILE
+    if not path.exists():
+        return []
+    return _parse(path)[0]
+
+
+def step_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The training steps' rows of `records` (periodic evaluations included), in order."""
+    return [dict(r) for r in records if r.get(RECORD, STEP) == STEP]
+
+
+def initial_eval(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The evaluation before training (the last `EVAL` record), or None."""
+    found = [r for r in records if r.get(RECORD) == EVAL]
+    return dict(found[-1]) if found else None
+
+
+def final_eval(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The evaluation after training (the last `FINAL` record), or None (a run still going, or
+    one stopped before writing it)."""
+    found = [r for r in records if r.get(RECORD) == FINAL]
+    return dict(found[-1]) if found else None
+
+
+def series(
+    records: Sequence[Mapping[str, Any]], key: str, drop_missing: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of the scalar metric `key` over the records that hold it, as float64.
+
+    Args:
+      records: ledger records, in order.
+      key: the metric name.
+      drop_missing: leave out null (non-finite when written) and non-numeric values instead of
+        returning them as NaN (a plot wants the gap; a sum wants them gone).
+    """
+    steps, values = [], []
+    for r in records:
+        if key not in r:
+            continue
+        v = r[key]
+        number = isinstance(v, int | float) and not isinstance(v, bool)
+        if drop_missing and not number:
+            continue
+        steps.append(r["step"])
+        values.append(float(v) if number else math.nan)
+    return np.asarray(steps, np.float64), np.asarray(values, np.float64)
 
 
 def truncate_metrics(workdir: str | Path, after_step: int) -> int:
-    """Drops the entries of `workdir/metrics.jsonl` with step > `after_step` (rewritten through a
-    temporary file and an atomic rename). Returns how many were dropped."""
+    """Makes `workdir/metrics.jsonl` the history of a run restarting from `after_step`.
+
+    Drops the records with step > `after_step` and every `FINAL` record (the evaluation an
+    earlier attempt wrote when it stopped; the resumed run writes its own). `after_step=0` is a
+    fresh run: everything is dropped, the evaluation before training included, since that run
+    evaluates again. The file is rewritten through a temporary file and an atomic rename.
+
+    Returns:
+      How many lines were dropped (a torn last line counts).
+
+    Raises:
+      MetricsWriteError: the ledger cannot be read or rewritten (a full disk, a read-only
+        directory); the ledger is left as it was.
+    """
     path = Path(workdir) / METRICS_FILE
-    if not path.exists():
-        return 0
-    entries = read_metrics(workdir)
-    kept = [e for e in entries if e["step"] <= after_step]
-    raw_lines = sum(1 for line in path.read_text(encoding="utf-8").split("\n") if line.strip())
+    try:
+        if not path.exists():
+            return 0
+        records, raw_lines = _parse(path)
+    except OSError as e:
+        raise _write_error(path, e, "read") from e
+    kept = [r for r in records if after_step > 0 and r["step"] <= after_step and r[RECORD] != FINAL]
     if len(kept) == raw_lines:
         return 0
     tmp = path.with_suffix(".jsonl.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for entry in kept:
-            f.write(json.dumps(entry, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for record in kept:
+                f.write(json.dumps(record, allow_nan=False) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        # A half-written copy would only take space the run is short of.
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        why = f" (dropping the records after step {after_step} on resume)"
+        raise _write_error(path, e, "rewrite", why) from e
     return raw_lines - len(kept)
+
+
+# ---------------------------------------------------------------------------------------------
+# Files that fail loudly
+
+
+class MetricsWriteError(OSError):
+    """A metrics file could not be written: a full disk, a read-only directory, an I/O error.
+
+    The message names the path and the error ("metrics: cannot write /w/metrics.jsonl: [Errno 28]
+    No space left on device"); `errno`, `strerror` and `filename` are those of the cause.
+    """
+
+    def __str__(self) -> str:
+        # OSError would rebuild its message from errno and filename; keep the one written.
+        return str(self.args[0]) if self.args else super().__str__()
+
+
+def _write_error(path: Any, e: OSError, what: str = "write", why: str = "") -> MetricsWriteError:
+    cause = f"[Errno {e.errno}] {e.strerror}" if e.errno and e.strerror else str(e)
+    err = MetricsWriteError(f"metrics: cannot {what} {path}{why}: {cause or type(e).__name__}")
+    err.errno, err.strerror, err.filename = e.errno, e.strerror, str(path)
+    return err
+
+
+def _open_append(path: Path) -> Any:
+    """Opens `path` for appending, unbuffered, so each append is one write that fails at once.
+
+    The one place files are opened for appending, so tests can inject I/O faults here.
+    """
+    return open(path, "ab", buffering=0)  # noqa: SIM115
+
+
+class _AppendFile:
+    """A file that grows by whole records: an append that fails is cut off again, so a full disk
+    leaves no torn line (or broken event record) ahead of what a resumed run appends."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self._f = _open_append(path)
+            self._size = self._f.seek(0, os.SEEK_END)
+        except OSError as e:
+            raise _write_error(path, e, "open", " for appending") from e
+
+    def append(self, data: bytes) -> None:
+        try:
+            view = memoryview(data)
+            while view:
+                n = self._f.write(view)
+                if not n:  # would loop forever otherwise
+                    raise OSError(errno.EIO, "the write made no progress")
+                view = view[n:]
+        except OSError as e:
+            with contextlib.suppress(OSError):  # shrinking needs no free space
+                self._f.truncate(self._size)
+            raise _write_error(self.path, e) from e
+        self._size += len(data)
+
+    def sync(self) -> None:
+        try:
+            os.fsync(self._f.fileno())
+        except OSError as e:
+            raise _write_error(self.path, e, "sync") from e
+
+    def close(self) -> None:
+        try:
+            self._f.close()
+        except OSError as e:
+            raise _write_error(self.path, e, "close") from e
+
+
+@functools.cache
+def _tensorflow_bins() -> list[float]:
+    """TensorFlow's default histogram bucket limits (tensorboardX's `bins="tensorflow"`)."""
+    positive, v = [], 1e-12
+    while v < 1e20:
+        positive.append(v)
+        v *= 1.1
+    return [-x for x in reversed(positive)] + [0.0] + positive
+
+
+class _EventFile:
+    """A TensorBoard event file, written in the caller's thread: one append per step.
+
+    tensorboardX's `SummaryWriter` hands events to a background thread through a bounded queue.
+    When a write fails (a full disk) that thread dies, and a later `add_scalar` blocks forever on
+    the full queue. Written here, the failure is an exception in the step that hit it.
+    """
+
+    def __init__(self, logdir: Path, purge_step: int, now: float):
+        from tensorboardX import summary
+        from tensorboardX.proto import event_pb2
+        from tensorboardX.record_writer import masked_crc32c
+
+        self._summary, self._pb, self._crc = summary, event_pb2, masked_crc32c
+        try:
+            logdir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _write_error(logdir, e, "create") from e
+        # pid and a counter: two writers in one second (a quick restart) get two files.
+        name = f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}"
+        self._file = _AppendFile(logdir / f"{name}.{next(_EVENT_FILES)}")
+        self.path = self._file.path
+        # The restart marker makes TensorBoard hide events an earlier attempt wrote from
+        # `purge_step` on.
+        start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+        self.write(
+            [
+                event_pb2.Event(wall_time=now, step=purge_step, file_version="brain.Event:2"),
+                event_pb2.Event(wall_time=now, step=purge_step, session_log=start),
+            ]
+        )
+
+    def events(self, step: int, now: float, values: Mapping[str, Any]) -> list[Any]:
+        """The step's scalars and histograms as events."""
+        summaries = []
+        for name, v in values.items():
+            if isinstance(v, int | float):
+                summaries.append(self._summary.scalar(name, v))
+            elif not isinstance(v, list) or not v or any(x is None for x in v):
+                continue
+            elif name.endswith("_hist"):  # counts of the values 0, 1, ..., len - 1
+                if sum(v) > 0:
+                    summaries.append(self._summary.histogram_raw(name, **_histogram_args(v)))
+            else:  # one value per item (per prompt, say): their distribution
+                hist = self._summary.histogram(name, np.asarray(v), _tensorflow_bins())
+                summaries.append(hist)
+        return [self._pb.Event(wall_time=now, step=step, summary=s) for s in summaries]
+
+    def write(self, events: Sequence[Any]) -> None:
+        """Appends `events` (TFRecord framing: length, its crc, data, its crc) in one write."""
+        out = []
+        for event in events:
+            data = event.SerializeToString()
+            header = struct.pack("<Q", len(data))
+            out += [header, struct.pack("<I", self._crc(header)), data]
+            out.append(struct.pack("<I", self._crc(data)))
+        self._file.append(b"".join(out))
+
+    def sync(self) -> None:
+        self._file.sync()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+_EVENT_FILES = itertools.count()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,20 +476,31 @@ def _format_duration(seconds: float) -> str:
 class MetricsWriter:
     """Writes each step's metrics to JSONL, TensorBoard, W&B and the console (process 0 only).
 
+    Every file is written in the caller's thread and a write that fails (a full disk, a
+    read-only directory) raises `MetricsWriteError` at once, naming the path and the error; the
+    writer then releases its files and every later `write` raises the same error. `close` never
+    raises over an exception already on its way (it logs its own failure instead), and after a
+    failed write it only releases what is left.
+
     Args:
       workdir: where metrics.jsonl, the TensorBoard events (`workdir/tensorboard`) and the W&B
         files go.
       process_index: this process's index (`jax.process_index()`); only 0 writes.
-      use_tensorboard: write TensorBoard event files (tensorboardX).
+      use_tensorboard: write TensorBoard event files.
       use_wandb: log to Weights & Biases (the `wandb` package is imported only then).
       log_every: console lines every this many steps (files get every step).
       total_steps: the run's length, for the progress bar and the time remaining.
-      resume_step: the step the run restarts from; entries after it are dropped from the JSONL
-        and TensorBoard hides its events after it. 0 (a fresh run) drops any earlier history.
+      resume_step: the step the run restarts from; the JSONL keeps the records up to it but not
+        an earlier attempt's final evaluation (`truncate_metrics`), and TensorBoard hides its
+        events after it. 0 (a fresh run) drops any earlier history.
       wandb_project, wandb_name, wandb_config: passed to `wandb.init`; the run id is kept in
         `workdir/wandb_run_id` so a resumed run continues the same W&B run.
       stream: the console (default stdout). A terminal gets one self-overwriting progress line;
         anything else (a log file) one line per logging interval.
+
+    Raises:
+      MetricsWriteError: from the constructor, `write`, `flush` and `close` when a file cannot be
+        created or written.
     """
 
     def __init__(
@@ -275,31 +530,36 @@ class MetricsWriter:
         self.nonfinite: Counter[str] = Counter()
         self._stream = stream if stream is not None else sys.stdout
         self._tty = bool(getattr(self._stream, "isatty", lambda: False)())
-        self._tb = None
+        self._jsonl: _AppendFile | None = None
+        self._tb: _EventFile | None = None
         self._wandb_run = None
         self._first: tuple[int, float] | None = None  # (step, time) of the first write
         self._bar_open = False
         self._closed = False
+        self._error: MetricsWriteError | None = None  # the first failed write
         if not self.active:
             return
         wandb = _import_wandb() if use_wandb else None  # fail before any file is opened
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        dropped = truncate_metrics(self.workdir, resume_step)
-        if dropped:
-            self._print(f"metrics: dropped {dropped} entries after step {resume_step} (resumed)")
-        # Open for the writer's lifetime (closed in `close`); lines are flushed one by one.
-        self._file = open(self.workdir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
-        if use_tensorboard:
-            from tensorboardX import SummaryWriter
-
-            # purge_step hides events a previous attempt wrote after the resume point.
-            self._tb = SummaryWriter(
-                str(self.workdir / "tensorboard"),
-                purge_step=resume_step + 1,
-                flush_secs=30,
-            )
-        if wandb is not None:
-            self._wandb_run = self._init_wandb(wandb, wandb_project, wandb_name, wandb_config)
+        try:
+            try:
+                self.workdir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise _write_error(self.workdir, e, "create") from e
+            dropped = truncate_metrics(self.workdir, resume_step)
+            if dropped:
+                self._print(
+                    f"metrics: resuming from step {resume_step}: dropped {dropped} records "
+                    "written after it"
+                )
+            self._jsonl = _AppendFile(self.workdir / METRICS_FILE)
+            if use_tensorboard:
+                self._tb = _EventFile(self.workdir / "tensorboard", resume_step + 1, time.time())
+            if wandb is not None:
+                self._wandb_run = self._init_wandb(wandb, wandb_project, wandb_name, wandb_config)
+        except BaseException:
+            self._release()
+            self._closed = True
+            raise
 
     def _init_wandb(
         self,
@@ -319,20 +579,33 @@ class MetricsWriter:
             resume="allow",
         )
         if run_id is None and getattr(run, "id", None):
-            id_file.write_text(str(run.id))
+            try:
+                id_file.write_text(str(run.id))
+            except OSError as e:
+                raise _write_error(id_file, e) from e
         return run
 
-    def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Records one step. One `device_get` fetches every value.
+    def write(
+        self, step: int, metrics: Mapping[str, Any], record: str = STEP
+    ) -> dict[str, Any] | None:
+        """Records one step's metrics, or an evaluation. One `device_get` fetches every value.
 
         Args:
-          step: the step number (a Python int).
+          step: the step number (a Python int): 0 for the evaluation before training, the last
+            step for the final one.
           metrics: a flat (or nested, joined with "/") dict of scalars or 1-D lists; JAX or numpy
             values are fine.
+          record: the kind of record, one of `RECORD_KINDS`: `STEP` (a training step, with any
+            periodic evaluation), `EVAL` (before training) or `FINAL` (after training).
 
         Returns:
-          The entry as written to JSONL (process 0), or None (other processes).
+          The record as written to JSONL (process 0), or None (other processes).
+
+        Raises:
+          MetricsWriteError: a file could not be written (now or at an earlier write).
         """
+        if self._error is not None:
+            raise self._again()
         if self._closed:
             raise RuntimeError(f"MetricsWriter({str(self.workdir)!r}) is closed")
         if not self.active:
@@ -340,9 +613,11 @@ class MetricsWriter:
         if isinstance(step, bool) or not isinstance(step, int | np.integer):
             raise TypeError(f"step={step!r} must be an int")
         step = int(step)
+        if record not in RECORD_KINDS:
+            raise ValueError(f"record={record!r}; expected one of {RECORD_KINDS}")
         flat = _flatten(metrics)
-        if "step" in flat or "time" in flat:
-            raise ValueError("metric names 'step' and 'time' are reserved for the ledger")
+        if any(name in flat for name in _RESERVED):
+            raise ValueError(f"metric names {_RESERVED} are reserved for the ledger")
         fetched = jax.device_get(flat)
         values = {name: _to_python(name, v) for name, v in fetched.items()}
         if TOKENS_PER_S not in values and ROLLOUT_TOKENS in values and STEP_TIME in values:
@@ -354,31 +629,44 @@ class MetricsWriter:
                 logging.warning("metric %s is not finite at step %d (written as null)", name, step)
             self.nonfinite[name] += 1
         now = time.time()
-        if self._first is None:
+        if self._first is None and record == STEP:  # evaluations would skew the time left
             self._first = (step, now)
-        entry = {"step": step, "time": now, **values}
-        self._file.write(json.dumps(entry, allow_nan=False) + "\n")
-        self._file.flush()
-        scalars = {k: v for k, v in values.items() if isinstance(v, int | float)}
-        if self._tb is not None:
-            for name, v in scalars.items():
-                self._tb.add_scalar(name, v, step, walltime=now)
-            for name, v in values.items():
-                if not isinstance(v, list) or not v or any(x is None for x in v):
-                    continue
-                if name.endswith("_hist"):  # counts of the values 0, 1, ..., len - 1
-                    if sum(v) > 0:
-                        self._tb.add_histogram_raw(
-                            name, **_histogram_args(v), global_step=step, walltime=now
-                        )
-                else:  # one value per item (per prompt, say): their distribution
-                    self._tb.add_histogram(name, np.asarray(v), step, walltime=now)
-        if self._wandb_run is not None:
-            self._wandb_run.log(scalars, step=step)
-        last = self.total_steps is not None and step >= self.total_steps
-        if step % self.log_every == 0 or last:
-            self._console(step, values, now)
+        entry = {"step": step, RECORD: record, "time": now, **values}
+        # Built before anything is written, so a bad value cannot leave the files disagreeing.
+        events = [] if self._tb is None else self._tb.events(step, now, values)
+        try:
+            self._jsonl.append((json.dumps(entry, allow_nan=False) + "\n").encode())
+            if self._tb is not None:
+                self._tb.write(events)
+            if self._wandb_run is not None:
+                scalars = {k: v for k, v in values.items() if isinstance(v, int | float)}
+                self._wandb_run.log(scalars, step=step)
+            last = self.total_steps is not None and step >= self.total_steps
+            if step % self.log_every == 0 or last:
+                self._console(step, values, now)
+        except MetricsWriteError as e:
+            self._fail(e)
+            raise
         return entry
+
+    def _fail(self, error: MetricsWriteError) -> None:
+        """Keeps the first failure and lets go of the files: nothing more is written."""
+        self._error = error
+        self._release()
+
+    def _again(self) -> MetricsWriteError:
+        first = self._error
+        err = MetricsWriteError(f"{first} (an earlier write failed; the writer is stopped)")
+        err.errno, err.strerror, err.filename = first.errno, first.strerror, first.filename
+        return err
+
+    def _release(self) -> None:
+        """Closes the files, ignoring their errors (there is already one to report)."""
+        for sink in (self._jsonl, self._tb):
+            if sink is not None:
+                with contextlib.suppress(OSError):
+                    sink.close()
+        self._jsonl = self._tb = None
 
     def _console(self, step: int, values: Mapping[str, Any], now: float) -> None:
         parts = []
@@ -399,22 +687,30 @@ class MetricsWriter:
             head = f"step {step}"
         line = " | ".join([head, *parts])
         if self._tty:
-            self._stream.write("\r\x1b[2K" + line)
+            text = "\r\x1b[2K" + line
             self._bar_open = True
             if self.total_steps is not None and step >= self.total_steps:
-                self._stream.write("\n")
+                text += "\n"
                 self._bar_open = False
+            self._emit(text)
         else:
-            self._stream.write(line + "\n")
-        self._stream.flush()
+            self._emit(line + "\n")
+
+    def _emit(self, text: str) -> None:
+        """Writes to the console; stdout redirected to a full disk fails like a file."""
+        try:
+            self._stream.write(text)
+            self._stream.flush()
+        except OSError as e:
+            raise _write_error(getattr(self._stream, "name", "the console"), e) from e
 
     def _print(self, message: str) -> None:
         """A full line on the console, not overwritten by the progress bar."""
+        text = message + "\n"
         if self._bar_open:
-            self._stream.write("\n")
+            text = "\n" + text
             self._bar_open = False
-        self._stream.write(message + "\n")
-        self._stream.flush()
+        self._emit(text)
 
     def print(self, message: str) -> None:
         """Prints a message (process 0 only) without garbling the progress line."""
@@ -422,33 +718,66 @@ class MetricsWriter:
             self._print(message)
 
     def flush(self) -> None:
-        """Pushes buffered TensorBoard events to disk."""
-        if self._tb is not None:
-            self._tb.flush()
+        """Forces the ledger and the TensorBoard events to stable storage (`fsync`).
+
+        Each `write` already hands them to the operating system; this is for a caller that wants
+        them to survive a machine crash too.
+        """
+        if self._error is not None:
+            raise self._again()
+        try:
+            for sink in (self._jsonl, self._tb):
+                if sink is not None:
+                    sink.sync()
+        except MetricsWriteError as e:
+            self._fail(e)
+            raise
 
     def close(self) -> None:
-        """Flushes and closes every sink; a summary of non-finite metrics goes to the console."""
+        """Closes every sink; a summary of non-finite metrics goes to the console.
+
+        Idempotent. After a failed write it only releases what is left and raises nothing (the
+        failure was raised already). A failure while closing is raised, unless an exception is
+        being handled (`close` in an `except` block or `__exit__`): then it is logged, so the
+        first error is the one that propagates.
+        """
+        self._close(in_flight=sys.exc_info()[1] is not None)
+
+    def _close(self, in_flight: bool) -> None:
         if self._closed:
             return
         self._closed = True
         if not self.active:
             return
-        if self.nonfinite:
-            counts = ", ".join(f"{k} x{n}" for k, n in sorted(self.nonfinite.items()))
-            self._print(f"metrics: non-finite values written as null: {counts}")
-        elif self._bar_open:
-            self._stream.write("\n")
-            self._bar_open = False
-        self._file.close()
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        errors: list[MetricsWriteError] = []
+        if self._error is None:
+            try:
+                if self.nonfinite:
+                    counts = ", ".join(f"{k} x{n}" for k, n in sorted(self.nonfinite.items()))
+                    self._print(f"metrics: non-finite values written as null: {counts}")
+                elif self._bar_open:
+                    self._bar_open = False
+                    self._emit("\n")
+            except MetricsWriteError as e:
+                errors.append(e)
+        for sink in (self._jsonl, self._tb):
+            if sink is not None:
+                try:
+                    sink.close()
+                except MetricsWriteError as e:
+                    errors.append(e)
+        self._jsonl = self._tb = None
         if self._wandb_run is not None:
-            self._wandb_run.finish()
-            self._wandb_run = None
+            run, self._wandb_run = self._wandb_run, None
+            run.finish()
+        if errors and self._error is None:
+            self._error = errors[0]
+            if not in_flight:
+                raise errors[0]
+            logging.error("%s (while closing after another error)", errors[0])
 
     def __enter__(self) -> MetricsWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._close(in_flight=exc is not None)

@@ -22,6 +22,7 @@ import ml_collections
 from rlvr_jax.config_types import ConfigError, from_config
 from rlvr_jax.data import curriculum as curriculum_lib
 from rlvr_jax.model import sharding
+from rlvr_jax.rewards.config import RewardSettings
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
 
@@ -84,39 +85,12 @@ class DataSettings:
     def __post_init__(self):
         if self.dynamic_max_rounds < 1:
             raise ValueError(f"data.dynamic_max_rounds={self.dynamic_max_rounds} must be >= 1")
-
-
-@dataclasses.dataclass(frozen=True)
-class RewardSettings:
-    """Attributes:
-    verifier: "arithmetic" (in JAX over tokens: the whole step is one program) or "math"
-      (answer extraction and equivalence on text, in a process pool with deadlines).
-    format: "number" (arithmetic: a number, then an end token), "r1" (the R1 think/answer
-      template), or "none".
-    format_weight: weight of the format part; correctness always has weight 1.
-    length_weight: weight of the Kimi k1.5 group-relative length reward (0 disables).
-    overlong_cache: DAPO soft overlong penalty ramp width in tokens (0 disables).
-    workers: host verifier processes.
-    deadline_s: per-item verifier deadline; a check past it scores 0 and is counted.
-    """
-
-    verifier: Literal["arithmetic", "math"] = "arithmetic"
-    format: Literal["number", "r1", "none"] = "number"
-    format_weight: float = 0.0
-    length_weight: float = 0.0
-    overlong_cache: int = 0
-    workers: int = 2
-    deadline_s: float = 5.0
-
-    def __post_init__(self):
-        if self.verifier == "math" and self.format == "number":
-            object.__setattr__(self, "format", "none")
-        if self.verifier == "arithmetic" and self.format == "r1":
-            raise ValueError("reward.format='r1' needs reward.verifier='math'")
-        if self.workers < 1 or self.deadline_s <= 0:
+        if self.num_train < 0 or self.num_eval < 0:
             raise ValueError(
-                f"reward.workers={self.workers} must be >= 1 and deadline_s={self.deadline_s} > 0"
+                f"num_train={self.num_train} and num_eval={self.num_eval} must be >= 0"
             )
+        if not self.buckets or min(self.buckets) < 1:
+            raise ValueError(f"buckets={self.buckets} must be positive prompt lengths")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,8 +117,20 @@ class TrainSettings:
     use_tensorboard: bool = True
 
     def __post_init__(self):
-        if self.steps < 0 or self.batch_prompts < 1:
-            raise ValueError(f"steps={self.steps}, batch_prompts={self.batch_prompts} invalid")
+        if self.steps < 0:
+            raise ValueError(f"steps={self.steps} must be >= 0")
+        if self.batch_prompts < 1:
+            raise ValueError(f"batch_prompts={self.batch_prompts} must be >= 1")
+        if self.log_every < 1:
+            raise ValueError(f"log_every={self.log_every} must be >= 1")
+        for name in ("eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0 disables)")
+        if self.keep_checkpoints < 1:
+            raise ValueError(
+                f"keep_checkpoints={self.keep_checkpoints} must be >= 1: a run resumes from its "
+                "last checkpoint"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +140,10 @@ class EvalSettings:
     """
 
     batch_prompts: int = 32
+
+    def __post_init__(self):
+        if self.batch_prompts < 1:
+            raise ValueError(f"batch_prompts={self.batch_prompts} must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,3 +324,62 @@ def load_settings(workdir: str | Path) -> Settings:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: {str(workdir)!r} is not a run's workdir")
     return settings_from_config(json.loads(path.read_text()), check_devices=False)
+
+
+# Settings a resumed run may change freely: how long it runs, how often it logs, evaluates and
+# saves, and how the same computation is laid out (mesh, chunking, rematerialisation, workers).
+# Every other field changes what the checkpoint's optimizer state, data position or curriculum
+# statistics mean, and a resume that changes one needs `allow_changed_settings`.
+RESUME_FREE = frozenset(
+    {
+        "train.steps",
+        "train.log_every",
+        "train.eval_every",
+        "train.checkpoint_every",
+        "train.keep_checkpoints",
+        "train.use_tensorboard",
+        "eval.batch_prompts",
+        "reward.workers",
+        "reward.deadline_s",
+        "model.remat",
+        "rl.logprob_chunk",
+        "rl.num_microbatches",
+        "rl.sampler.attention_chunk",
+        "rl.sampler.layer_loop",
+        "mesh.data",
+        "mesh.fsdp",
+        "mesh.tensor",
+    }
+)
+
+
+def plain_settings(settings: Settings) -> dict[str, Any]:
+    """The settings as a JSON-ready dict (the layout of settings.json)."""
+    return _plain_settings(settings)
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else k))
+    return out
+
+
+def resume_differences(saved: dict[str, Any], settings: Settings) -> list[str]:
+    """The fields, outside `RESUME_FREE`, where `settings` differ from the `plain_settings` a
+    checkpoint recorded, as "field: saved -> now" lines (sorted).
+
+    Fields the tokenizer fills at run time (`rl.sampler.eos_ids`, `pad_id`) compare as the run
+    saw them: both sides come from the same filling.
+    """
+    old, new = _flatten(saved), _flatten(plain_settings(settings))
+    out = []
+    for name in sorted(set(old) | set(new)):
+        if name in RESUME_FREE:
+            continue
+        a, b = old.get(name, "<absent>"), new.get(name, "<absent>")
+        if a != b:
+            out.append(f"{name}: {a!r} in the checkpoint, {b!r} now")
+    return out

@@ -5,12 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from rlvr_jax import sft, train
+from rlvr_jax.program import rl_stage, sft_stage
 from rlvr_jax.program.settings import Settings
 
+STAGES = {"rl": rl_stage.run, "sft": sft_stage.run}
 
-def run(settings: Settings, workdir: str | Path, log: Callable[[str], None] = print) -> dict:
-    """Runs the stage the settings name ("rl" or "sft") in `workdir`, resuming from it."""
-    if settings.train.stage == "sft":
-        return sft.run(settings, workdir, log=log)
-    return train.run(settings, workdir, log=log)
+
+def run(
+    settings: Settings,
+    workdir: str | Path,
+    log: Callable[[str], None] = print,
+    allow_changed_settings: bool = False,
+) -> dict:
+    """Runs the stage the settings name ("rl" or "sft") in `workdir`, resuming from it (see
+    `program.run.run_stage` for what a resume may change)."""
+    return STAGES[settings.train.stage](
+        settings, workdir, log=log, allow_changed_settings=allow_changed_settings
+    )

@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import pytest
 
+from rlvr_jax.data import tokenizer as tokenizer_lib
 from rlvr_jax.model import hf, loading
 from rlvr_jax.model import transformer as tf
 
@@ -15,7 +16,7 @@ def test_random_preset_is_seeded():
     assert cfg.dtype == "bfloat16" and cfg.model_type == "qwen2"
     np.testing.assert_array_equal(np.asarray(a.embed), np.asarray(b.embed))
     assert not np.array_equal(np.asarray(a.embed), np.asarray(c.embed))
-    assert loading.load_tokenizer("random:tiny") is None
+    assert tokenizer_lib.load_tokenizer("random:tiny") is None
 
 
 def test_hf_directory_source(tmp_path):
@@ -40,5 +41,5 @@ def test_bad_sources_are_named():
 def test_embedded_source_is_smollm2():
     params, cfg = loading.load_model("embedded")
     assert cfg.num_layers == 30 and tf.count_params(params) == 134_515_008
-    tok = loading.load_tokenizer("embedded")
+    tok = tokenizer_lib.load_tokenizer("embedded")
     assert tok.decode(tok.encode("Paris")) == "Paris"

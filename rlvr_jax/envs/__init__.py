@@ -1,0 +1,1 @@
+"""Tasks and environments: the one interface between verifiers and the training loop."""

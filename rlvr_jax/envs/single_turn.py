@@ -1,0 +1,168 @@
+"""Single-turn tasks: one response per prompt, checked by its verifier.
+
+* `ArithmeticTask`: the integer answer read from the tokens in JAX (`rewards.arithmetic`), so the
+  RL step is one XLA program.
+* `MathTask`: the final answer extracted from the decoded text and compared with `rewards.math`
+  in the verifier pool (process isolation, a deadline per item).
+* `CountdownTask`: an arithmetic expression over the given numbers, parsed without eval
+  (`rewards.countdown`), in the pool.
+
+`build_task` picks one from `RewardSettings.verifier`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+
+from rlvr_jax.config_types import ConfigError
+from rlvr_jax.data.example import Example
+from rlvr_jax.data.tokenizer import Tokenizer
+from rlvr_jax.envs.task import JaxParts, Task
+from rlvr_jax.rewards import arithmetic, countdown
+from rlvr_jax.rewards import math as math_reward
+from rlvr_jax.rewards.config import RewardSettings
+from rlvr_jax.rewards.format import r1_format_reward
+from rlvr_jax.rewards.pool import VerifierPool
+from rlvr_jax.types import FINISH_LENGTH, Rollout
+
+
+def _arithmetic_parts(
+    table: arithmetic.DigitTable, rollout: Rollout, answers: arithmetic.Answers
+) -> dict[str, jax.Array]:
+    ended_N = rollout.finish_N != FINISH_LENGTH
+    return arithmetic.arithmetic_reward(
+        rollout.tokens_NT, rollout.mask_NT, ended_N, answers, table
+    )[1]
+
+
+# The table is an argument, not a constant, so one program serves every task and call.
+_arithmetic_parts_jit = jax.jit(_arithmetic_parts)
+
+
+class ArithmeticTask(Task):
+    """Integer answers checked in JAX over tokens: parts "correct" and "format" (a number, then
+    an end token)."""
+
+    name = "arithmetic"
+
+    def __init__(self, table: arithmetic.DigitTable, width: int):
+        self.table = table
+        self.width = width
+
+    @property
+    def jax_parts(self) -> JaxParts:
+        return functools.partial(_arithmetic_parts, self.table)
+
+    def targets(self, examples_N: Sequence[Example]) -> arithmetic.Answers:
+        return arithmetic.encode_answers([int(ex.answer) for ex in examples_N], self.width)
+
+    def score(self, rollout: Rollout, examples_N: Sequence[Example]) -> dict[str, np.ndarray]:
+        parts = _arithmetic_parts_jit(self.table, rollout, self.targets(examples_N))
+        return {k: np.asarray(v) for k, v in jax.device_get(parts).items()}
+
+    @classmethod
+    def build(cls, tok: Tokenizer, vocab_size: int, examples: Sequence[Example]) -> ArithmeticTask:
+        """The task for `examples`, whose gold answers must all be integers.
+
+        Raises:
+          ConfigError: naming the first example whose answer is not an integer.
+        """
+        bad = next((ex for ex in examples if not ex.answer.lstrip("-").isdigit()), None)
+        if bad is not None:
+            raise ConfigError(
+                f"reward.verifier='arithmetic' needs integer answers; example {bad.id!r} has "
+                f"{bad.answer!r} (use reward.verifier='math')"
+            )
+        width = max(len(ex.answer.lstrip("-")) for ex in examples)
+        return cls(arithmetic.DigitTable.from_tokenizer(tok, vocab_size), width)
+
+
+class PoolTask(Task):
+    """A verifier `fn(response_text, gold) -> float` run in a `VerifierPool` on decoded text,
+    with the R1 format part when `reward.format == "r1"`."""
+
+    def __init__(
+        self,
+        fn: Callable[[str, str], float],
+        warmup: tuple[str, str] | None,
+        tok: Tokenizer,
+        reward: RewardSettings,
+        think_in_prompt: bool,
+    ):
+        self.tok = tok
+        self.reward = reward
+        self.think_in_prompt = think_in_prompt
+        self.pool = VerifierPool(
+            fn, num_workers=reward.workers, deadline_s=reward.deadline_s, warmup=warmup
+        )
+
+    def texts(self, rollout: Rollout) -> list[str]:
+        """The decoded responses (special tokens dropped)."""
+        tokens_NT, lengths_N = jax.device_get((rollout.tokens_NT, rollout.lengths_N))
+        return [
+            self.tok.decode(tokens_NT[i, : lengths_N[i]], skip_special_tokens=True)
+            for i in range(tokens_NT.shape[0])
+        ]
+
+    def score(self, rollout: Rollout, examples_N: Sequence[Example]) -> dict[str, np.ndarray]:
+        texts = self.texts(rollout)
+        golds = [(t, ex.answer) for t, ex in zip(texts, examples_N, strict=True)]
+        parts = {"correct": np.asarray(self.pool.map(golds), np.float32)}
+        if self.reward.format == "r1":
+            parts["format"] = np.asarray(
+                [r1_format_reward(t, think_in_prompt=self.think_in_prompt) for t in texts],
+                np.float32,
+            )
+        return parts
+
+    def stats(self) -> dict[str, float]:
+        return self.pool.stats.as_dict()
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class MathTask(PoolTask):
+    """Final answers (boxed, or the last number) checked for mathematical equivalence."""
+
+    name = "math"
+
+    def __init__(self, tok: Tokenizer, reward: RewardSettings, think_in_prompt: bool):
+        super().__init__(math_reward.score, math_reward.WARMUP, tok, reward, think_in_prompt)
+
+
+class CountdownTask(PoolTask):
+    """An expression over the given numbers that reaches the target, parsed without eval."""
+
+    name = "countdown"
+
+    def __init__(self, tok: Tokenizer, reward: RewardSettings, think_in_prompt: bool):
+        super().__init__(countdown.score, countdown.WARMUP, tok, reward, think_in_prompt)
+
+
+def build_task(
+    reward: RewardSettings,
+    tok: Tokenizer,
+    vocab_size: int,
+    examples: Sequence[Example],
+    template_name: str,
+) -> Task:
+    """The task `reward.verifier` names, for `examples` (checked where the verifier needs it).
+
+    Args:
+      reward: the reward settings.
+      tok: the tokenizer (digit tokens, decoding).
+      vocab_size: the model's vocabulary size.
+      examples: every example the task will score (train and eval).
+      template_name: the prompt template (R1-Zero's opens the think block in the prompt).
+    """
+    think_in_prompt = template_name == "r1_zero"
+    if reward.verifier == "math":
+        return MathTask(tok, reward, think_in_prompt)
+    if reward.verifier == "countdown":
+        return CountdownTask(tok, reward, think_in_prompt)
+    return ArithmeticTask.build(tok, vocab_size, examples)

@@ -1,0 +1,140 @@
+"""The task interface: what the loop, the evaluator and the SFT stage know of a verifier.
+
+A task turns a rollout of some examples into reward parts ("correct" always; "format" and others
+where the task has them). Every task answers on the host (`Task.score`), so the evaluator, the
+difficulty filter and dynamic sampling have one path; a task whose verifier is a JAX function of
+the tokens also offers it (`Task.jax_parts`), and then the RL step fuses rollout, reward and update
+into one XLA program. Shaping (format weight, Kimi's length reward, DAPO's overlong penalty) is
+the same for every task: `shape_rewards` over the parts, jittable.
+
+Multi-turn environments fit the same interface: their rollout alternates sampled tokens with
+observation tokens (a loss mask keeps the observations out of the loss), and `score` is the
+episode's final verifier over the whole trajectory; `Task.max_turns` is 1 for the single-turn
+tasks here.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlvr_jax.data.example import Example
+from rlvr_jax.rewards import shaping
+from rlvr_jax.rewards.config import RewardSettings
+from rlvr_jax.types import Rollout
+
+Array = jax.Array
+# parts(rollout, targets) -> {"correct": (N,), ...}, jittable.
+JaxParts = Callable[[Rollout, Any], dict[str, Array]]
+
+
+class Task(abc.ABC):
+    """A verifiable task. Subclasses set `name` and implement `score`.
+
+    Attributes:
+      name: the `reward.verifier` value that selects it.
+      max_turns: model turns per episode (1: the response is the whole episode).
+    """
+
+    name: str = ""
+    max_turns: int = 1
+
+    @property
+    def jax_parts(self) -> JaxParts | None:
+        """The verifier as a jittable function of (rollout, `targets(...)`), or None when it
+        runs on the host."""
+        return None
+
+    def targets(self, examples_N: Sequence[Example]) -> Any:
+        """Per-row inputs of `jax_parts` (a pytree with a leading N axis), or None."""
+        del examples_N
+        return None
+
+    @abc.abstractmethod
+    def score(self, rollout: Rollout, examples_N: Sequence[Example]) -> dict[str, np.ndarray]:
+        """Unweighted reward parts of each row, as host arrays: {"correct": (N,) f32, ...}.
+
+        A check that fails (a verifier timeout, a malformed answer) scores 0 and is counted in
+        `stats()`, never raised.
+        """
+
+    def stats(self) -> dict[str, float]:
+        """Counters of the host verifier (checks, timeouts, crashes) for the metrics ledger."""
+        return {}
+
+    def close(self) -> None:  # noqa: B027 (a task without resources has nothing to release)
+        """Releases the task's resources (verifier processes)."""
+
+    def __enter__(self) -> Task:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def shape_rewards(
+    parts: Mapping[str, Array], lengths_N: Array, reward: RewardSettings, G: int, T: int
+) -> tuple[Array, dict[str, Array]]:
+    """Adds the configured shaping parts and sums them with their weights (jittable).
+
+    Args:
+      parts: the task's parts, (N,) each, N = B x G rows in groups of G.
+      lengths_N: response lengths.
+      reward: the weights.
+      G: group size (the length reward is group-relative).
+      T: the generation length (the overlong penalty's limit).
+    """
+    parts = dict(parts)
+    weights = {"correct": 1.0}
+    if reward.format != "none" and "format" in parts:
+        weights["format"] = reward.format_weight
+    if reward.length_weight:
+        parts["length"] = shaping.kimi_length_reward(
+            lengths_N.reshape(-1, G), parts["correct"].reshape(-1, G)
+        ).reshape(-1)
+        weights["length"] = reward.length_weight
+    if reward.overlong_cache:
+        parts["overlong"] = shaping.overlong_penalty(lengths_N, T, reward.overlong_cache)
+        weights["overlong"] = 1.0
+    return shaping.combine(parts, weights)
+
+
+def host_rewards(
+    task: Task,
+    rollout: Rollout,
+    examples_N: Sequence[Example],
+    reward: RewardSettings,
+    G: int,
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Shaped rewards and parts of one rollout on the host (the step's split path)."""
+    parts = task.score(rollout, examples_N)
+    lengths_N = jax.device_get(rollout.lengths_N)
+    T = rollout.tokens_NT.shape[1]
+    rewards, parts = shape_rewards(
+        {k: jnp.asarray(v) for k, v in parts.items()}, jnp.asarray(lengths_N), reward, G, T
+    )
+    return np.asarray(rewards), {k: np.asarray(v) for k, v in parts.items()}
+
+
+def jax_reward_fn(
+    task: Task, reward: RewardSettings, G: int
+) -> Callable[[Rollout, Any], tuple[Array, dict[str, Array]]]:
+    """`reward_fn(rollout, targets) -> (rewards_N, parts)` for the fused step.
+
+    Raises:
+      ValueError: for a task without a JAX verifier.
+    """
+    parts_fn = task.jax_parts
+    if parts_fn is None:
+        raise ValueError(f"task {task.name!r} verifies on the host; it has no JAX reward")
+
+    def reward_fn(rollout: Rollout, targets: Any):
+        T = rollout.tokens_NT.shape[1]
+        return shape_rewards(parts_fn(rollout, targets), rollout.lengths_N, reward, G, T)
+
+    return reward_fn

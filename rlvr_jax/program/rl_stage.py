@@ -1,0 +1,220 @@
+"""The RL stage: GRPO and its variants on the settings' task, through the run skeleton.
+
+One step: the prompt sampler (epoch or success-rate curriculum) picks B prompts -> they are
+repeated G times and left-padded to a bucket -> rollout, reward, advantages and update -> metrics
+(one device_get) -> the prompt sampler learns each prompt's success. How the step runs depends
+on the task, not on the loop:
+
+* a task with a JAX verifier: rollout, reward and update are one jitted program;
+* a host verifier (the pool): jitted rollout -> `Task.score` on the host -> jitted update;
+* DAPO dynamic sampling: rounds of the latter until the batch holds B groups with reward
+  variance (`rl.dynamic_sampling`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlvr_jax import sampling
+from rlvr_jax.config_types import ConfigError
+from rlvr_jax.data import curriculum as curriculum_lib
+from rlvr_jax.data import templates
+from rlvr_jax.data.example import Example
+from rlvr_jax.envs.single_turn import build_task
+from rlvr_jax.envs.task import Task, host_rewards, jax_reward_fn
+from rlvr_jax.model import sharding
+from rlvr_jax.model.config import ModelConfig
+from rlvr_jax.program import build
+from rlvr_jax.program import metrics as metrics_lib
+from rlvr_jax.program.evaluation import heldout_evaluator
+from rlvr_jax.program.run import Stage, run_stage
+from rlvr_jax.program.settings import Settings
+from rlvr_jax.rl import dynamic_sampling, sharding_plan
+from rlvr_jax.rl import state as state_lib
+from rlvr_jax.rl import train_step as ts
+from rlvr_jax.rl.state import TrainState
+
+# (the prompts of a batch or round, their per-row success) for the prompt sampler.
+Attempt = tuple[Sequence[Example], np.ndarray]
+
+
+def make_batch(
+    ids: Sequence[Sequence[int]],
+    examples: Sequence[Example],
+    G: int,
+    buckets: Sequence[int],
+    pad_id: int,
+    task: Task,
+) -> ts.Batch:
+    """B prompts repeated G times, left-padded to a bucket, with the task's per-row targets."""
+    prompt_NP, lengths_N = sampling.bucket_and_pad(ids, buckets, pad_id, G)
+    rows = [ex for ex in examples for _ in range(G)]
+    return ts.Batch(jnp.asarray(prompt_NP), jnp.asarray(lengths_N), task.targets(rows))
+
+
+def build_rl_step(
+    s: Settings,
+    model_cfg: ModelConfig,
+    task: Task,
+    sampler: curriculum_lib.EpochSampler | curriculum_lib.CurriculumSampler,
+    encoded: templates.EncodedPrompts,
+    plan: sharding_plan.StepShardings,
+    pad_id: int,
+) -> Callable[[TrainState, Any], tuple[TrainState, Any, dict[str, Any]]]:
+    """One RL step `(state, sampler_state) -> (state, sampler_state, host metrics)`, with its
+    programs jitted here, once."""
+    G, B = s.rl.group_size, s.train.batch_prompts
+    optimizer = state_lib.make_optimizer(s.optim)
+    schedule = state_lib.learning_rate_schedule(s.optim)
+    fused = task.jax_parts is not None and not s.data.dynamic_sampling
+    if fused:
+        reward_fn = jax_reward_fn(task, s.reward, G)
+        step_fn = ts.build_train_step(model_cfg, s.rl, optimizer, schedule, reward_fn, plan)
+    else:
+        rollout_fn = ts.build_rollout(model_cfg, s.rl, plan)
+        update_fn = ts.build_update(model_cfg, s.rl, optimizer, schedule, plan)
+    timer = metrics_lib.StageTimer()
+
+    def select(sampler_state):
+        with timer.stage("prompt_selection"):
+            sampler_state, idx = sampler.next(sampler_state, B)
+            chosen = [encoded.examples[i] for i in idx]
+            batch = make_batch(
+                [encoded.ids[i] for i in idx], chosen, G, s.data.buckets, pad_id, task
+            )
+            return sampler_state, chosen, sharding.place(batch, plan.rows)
+
+    def rollout_round(state, chosen, batch) -> tuple[TrainState, dynamic_sampling.Round]:
+        with timer.stage("rollout"):
+            state, key = ts.split_rollout_key(state)
+            rollout = jax.block_until_ready(rollout_fn(state.params, batch, key))
+        with timer.stage("verification"):
+            rows = [ex for ex in chosen for _ in range(G)]
+            rewards, parts = host_rewards(task, rollout, rows, s.reward, G)
+        return state, dynamic_sampling.Round(list(chosen), rollout, rewards, parts)
+
+    def update(state, rollout, rewards, parts):
+        with timer.stage("update"):
+            state, out = update_fn(state, rollout, rewards, parts)
+            return state, jax.device_get(out)
+
+    def one_batch(state, sampler_state):
+        sampler_state, chosen, batch = select(sampler_state)
+        if fused:
+            with timer.stage("train_step"):
+                state, out = step_fn(state, batch)
+                out = jax.device_get(out)
+        else:
+            state, r = rollout_round(state, chosen, batch)
+            state, out = update(state, r.rollout, r.rewards_N, r.parts)
+        attempts = [(chosen, np.asarray(out.rows.correct_N).reshape(-1, G))]
+        return state, sampler_state, out, {}, attempts
+
+    def dynamic_batch(state, sampler_state):
+        def draw():
+            nonlocal sampler_state
+            sampler_state, chosen, batch = select(sampler_state)
+            return chosen, batch
+
+        def rollout_and_verify(chosen, batch):
+            nonlocal state
+            state, r = rollout_round(state, chosen, batch)
+            return r
+
+        rollout, rewards, parts, rounds, fill_metrics = dynamic_sampling.dynamic_sampling_batch(
+            draw, rollout_and_verify, B, G, s.data.dynamic_max_rounds, pad_id
+        )
+        state, out = update(state, rollout, rewards, parts)
+        attempts = [(r.examples, r.parts["correct"].reshape(-1, G)) for r in rounds]
+        return state, sampler_state, out, fill_metrics, attempts
+
+    run_batch = dynamic_batch if s.data.dynamic_sampling else one_batch
+
+    def step(state, sampler_state):
+        with timer.stage("step"):
+            state, sampler_state, out, extra, attempts = run_batch(state, sampler_state)
+            metrics = {**out.metrics, **extra, **task.stats()}
+        for examples, success_BG in attempts:
+            sampler_state = sampler.update(
+                sampler_state, [ex.id for ex in examples], np.asarray(success_BG)
+            )
+        # Success per group of the rows trained on (the kept groups under dynamic sampling).
+        trained_BG = np.asarray(out.rows.correct_N).reshape(-1, G)
+        hist = np.bincount(np.rint(trained_BG.sum(axis=1)).astype(int), minlength=G + 1)
+        metrics["groups/success_hist"] = hist.tolist()
+        metrics.update(timer.metrics())
+        if s.data.sampler == "curriculum":
+            metrics.update(curriculum_lib.summary_stats(sampler_state))
+        return state, sampler_state, metrics
+
+    return step
+
+
+def run(
+    settings: Settings,
+    workdir: str | Path,
+    log: Callable[[str], None] = print,
+    allow_changed_settings: bool = False,
+) -> dict:
+    """Trains, evaluating before and after; resumes from `workdir` when it holds a checkpoint.
+
+    Returns:
+      {"eval_before", "eval_after", "steps", "resumed_from", "wall_time"}.
+    """
+    tok = build.build_tokenizer(settings.model)
+    params, model_cfg = build.load_policy(settings.model, tok, settings.train.seed)
+    s = build.with_tokenizer_ids(settings, tok)
+
+    train_ex, eval_ex, notes = build.load_examples(s.data)
+    for note in notes:
+        log(note)
+    template = templates.get_template(s.data.template)
+    enc_train = templates.encode_prompts(train_ex, template, tok, s.data.buckets)
+    enc_eval = templates.encode_prompts(eval_ex, template, tok, s.data.buckets)
+    for enc, what in ((enc_train, "train"), (enc_eval, "eval")):
+        if enc.num_too_long:
+            log(f"{what}: {enc.summary()}")
+    if len(enc_train.ids) < s.train.batch_prompts:
+        raise ConfigError(
+            f"train.batch_prompts={s.train.batch_prompts} exceeds the {len(enc_train.ids)} "
+            "training prompts"
+        )
+    if s.data.sampler == "curriculum":
+        sampler = curriculum_lib.CurriculumSampler(enc_train.examples, s.curriculum)
+    else:
+        sampler = curriculum_lib.EpochSampler(enc_train.examples, shuffle=True)
+
+    optimizer = state_lib.make_optimizer(s.optim)
+    state = state_lib.init_train_state(
+        params, optimizer, jax.random.key(s.train.seed + 1), use_reference=s.rl.loss.kl_beta > 0
+    )
+    # The state lives on the mesh from here on; the jitted programs keep its layout.
+    rows = s.train.batch_prompts * s.rl.group_size
+    plan = sharding_plan.plan_step(state, model_cfg, sharding.make_mesh(s.mesh), rows)
+    state = sharding.place(state, plan.state)
+    all_examples = [*enc_train.examples, *enc_eval.examples]
+    with build_task(s.reward, tok, model_cfg.vocab_size, all_examples, s.data.template) as task:
+        stage = Stage(
+            name="RL",
+            steps=s.train.steps,
+            state=state,
+            sampler=sampler,
+            step=build_rl_step(s, model_cfg, task, sampler, enc_train, plan, tok.pad_id),
+            evaluate=heldout_evaluator(model_cfg, s, task, tok, enc_eval.ids, enc_eval.examples),
+            ref_source=None if s.model.source.startswith("random:") else s.model.source,
+        )
+        result = run_stage(stage, s, workdir, log, allow_changed_settings)
+    return {
+        "eval_before": result.eval_before,
+        "eval_after": result.eval_after,
+        "steps": result.steps,
+        "resumed_from": result.resumed_from,
+        "wall_time": time.time(),
+    }

@@ -1,0 +1,257 @@
+"""The run skeleton every stage shares: resume, evaluation, the step loop, checkpoints, metrics.
+
+A stage (RL, SFT) builds a `Stage`: its initial train state, its data sampler, one step function
+and an evaluator. `run_stage` does the rest the same way for all of them:
+
+1. restore the newest checkpoint in `<workdir>/checkpoints` (train state and data position) or
+   start fresh, and open the metrics ledger at the restored step;
+2. evaluate before training (once: a resumed run keeps the first evaluation);
+3. loop: one step -> periodic evaluation -> one ledger row -> checkpoint (periodic, on a
+   termination signal, and at the last step); a SIGTERM/SIGINT stops after the step, saved;
+4. evaluate after training, as the ledger's "final" record.
+
+The checkpoint's host item holds {"step", "data" (the sampler's state), "eval_before",
+"settings"}. A resume whose settings change what the checkpoint means (the group size, the data,
+the optimizer's moments: every field outside `settings.RESUME_FREE`) fails before the first step,
+naming each field and both values, unless `allow_changed_settings`; only then, and for a fresh
+run, is `<workdir>/settings.json` written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+
+from rlvr_jax.config_types import ConfigError
+from rlvr_jax.data import curriculum as curriculum_lib
+from rlvr_jax.model.transformer import Params
+from rlvr_jax.program import checkpoint as ckpt_lib
+from rlvr_jax.program import metrics as metrics_lib
+from rlvr_jax.program.settings import Settings, plain_settings, resume_differences, save_settings
+from rlvr_jax.rl.state import TrainState
+
+Evaluate = Callable[[Params], dict[str, float]]
+
+
+class DataSampler(Protocol):
+    """The data order of a stage (`curriculum.EpochSampler`, `curriculum.CurriculumSampler`)."""
+
+    def init(self, seed: int) -> Any: ...
+
+    def state_dict(self, state: Any) -> dict: ...
+
+    def load_state_dict(self, d: dict) -> Any: ...
+
+
+# step(train state, sampler state) -> (train state, sampler state, host metrics of the step).
+StepFn = Callable[[TrainState, Any], tuple[TrainState, Any, dict[str, Any]]]
+
+
+@dataclasses.dataclass
+class Stage:
+    """What a stage gives `run_stage`.
+
+    Attributes:
+      name: "RL" or "SFT", for the log lines.
+      steps: optimizer steps to reach.
+      state: the initial train state, placed on the mesh.
+      sampler: the data order; its state is checkpointed with the train state.
+      step: one training step.
+      evaluate: held-out evaluation of the policy, or None.
+      ref_source: where the reference parameters can be rebuilt from (not saved then).
+    """
+
+    name: str
+    steps: int
+    state: TrainState
+    sampler: DataSampler
+    step: StepFn
+    evaluate: Evaluate | None = None
+    ref_source: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """What a run reached.
+
+    Attributes:
+      state: the final train state.
+      steps: the step the run stopped at (`Stage.steps`, or earlier on a termination signal).
+      resumed_from: the checkpoint step it started from (0 for a fresh run).
+      eval_before, eval_after: the evaluations (None without an evaluator).
+      step_metrics: the host metrics of each step this process ran, in order.
+    """
+
+    state: TrainState
+    steps: int
+    resumed_from: int
+    eval_before: dict[str, float] | None
+    eval_after: dict[str, float] | None
+    step_metrics: list[dict[str, Any]]
+
+
+def _check_resume(host: dict, settings: Settings, allow_changed: bool, log) -> None:
+    saved = host.get("settings")
+    if saved is None:
+        return
+    changed = resume_differences(saved, settings)
+    if not changed:
+        return
+    lines = "\n  ".join(changed)
+    if not allow_changed:
+        raise ConfigError(
+            f"resuming step {host['step']} with settings that change what its checkpoint means:"
+            f"\n  {lines}\nrestore them, use another workdir, or accept the change deliberately "
+            "(python -m rlvr_jax.main --allow_changed_settings)"
+        )
+    log(f"resuming step {host['step']} with changed settings (allowed):\n  {lines}")
+
+
+def _resume(
+    checkpointer: ckpt_lib.Checkpointer,
+    stage: Stage,
+    settings: Settings,
+    workdir: Path,
+    allow_changed: bool,
+    log,
+) -> tuple[TrainState, dict | None, int, metrics_lib.MetricsWriter]:
+    state, host, start_step = stage.state, None, 0
+    restored = checkpointer.restore(state)
+    if restored is not None:
+        state, host = restored
+        _check_resume(host, settings, allow_changed, log)
+        start_step = int(host["step"])
+        log(f"resumed from step {start_step} in {workdir / 'checkpoints'}")
+    # Written once the settings are known to fit the checkpoint: eval and export read it.
+    save_settings(settings, workdir)
+    writer = metrics_lib.MetricsWriter(
+        workdir,
+        process_index=jax.process_index(),
+        use_tensorboard=settings.train.use_tensorboard,
+        log_every=settings.train.log_every,
+        total_steps=max(stage.steps, 1),
+        resume_step=start_step,
+    )
+    return state, host, start_step, writer
+
+
+# Metrics whose non-finite value means the update put NaN or inf into the parameters.
+_UPDATE_HEALTH = ("grad_norm", "update_norm", "sft/loss")
+
+
+class NonFiniteError(FloatingPointError):
+    """The step's loss or gradient went non-finite: the parameters are lost from there on."""
+
+
+def non_finite(metrics: dict[str, Any]) -> dict[str, float]:
+    """The step's losses, gradient and update norms that are not finite.
+
+    After such an update the parameters cannot be trusted (a NaN gradient survives clipping and
+    reaches every weight), so the run stops before it saves them.
+    """
+    return {
+        k: float(v)
+        for k, v in metrics.items()
+        if (k.endswith(_UPDATE_HEALTH) or k.startswith("loss/"))
+        and np.ndim(v) == 0
+        and not math.isfinite(float(v))
+    }
+
+
+def run_stage(
+    stage: Stage,
+    settings: Settings,
+    workdir: str | Path,
+    log: Callable[[str], None] = print,
+    allow_changed_settings: bool = False,
+) -> RunResult:
+    """Runs `stage` to `stage.steps` in `workdir`, resuming from its last checkpoint.
+
+    Raises:
+      ConfigError: resuming with settings that change the checkpoint's meaning (see the module
+        docstring), unless `allow_changed_settings`.
+      NonFiniteError: a step whose loss, gradient or update is not finite (nothing is saved).
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    train = settings.train
+    checkpointer = ckpt_lib.Checkpointer(
+        workdir / "checkpoints",
+        every_steps=train.checkpoint_every or max(stage.steps, 1),
+        keep=train.keep_checkpoints,
+        ref_source=stage.ref_source,
+    )
+    evaluate = stage.evaluate
+    guard = ckpt_lib.PreemptionGuard()
+    writer = None
+    try:
+        state, host, start_step, writer = _resume(
+            checkpointer, stage, settings, workdir, allow_changed_settings, log
+        )
+        data_state = stage.sampler.init(settings.data.seed)
+        eval_before = None
+        if host is not None:
+            data_state = stage.sampler.load_state_dict(curriculum_lib.state_from_json(host["data"]))
+            eval_before = host.get("eval_before")
+        if evaluate is not None and eval_before is None:
+            eval_before = evaluate(state.params)
+            writer.write(0, eval_before, record="eval")
+        if eval_before is not None:
+            log(f"held-out accuracy before {stage.name}: {eval_before['eval/accuracy']:.3f}")
+
+        guard.install()
+        step, history = start_step, []
+        saved_settings = plain_settings(settings)
+        while step < stage.steps:
+            state, data_state, metrics = stage.step(state, data_state)
+            step += 1
+            history.append(metrics)
+            bad = non_finite(metrics)
+            if bad:
+                writer.write(step, metrics)  # the failing step's row, for the post-mortem
+                last = checkpointer.latest_step()
+                raise NonFiniteError(
+                    f"step {step}: {', '.join(f'{k}={v}' for k, v in sorted(bad.items()))}; the "
+                    "update is not finite, so the run stops without saving its parameters (last "
+                    f"checkpoint: {'none' if last is None else f'step {last}'})"
+                )
+            periodic = train.eval_every and step % train.eval_every == 0 and step < stage.steps
+            if evaluate is not None and periodic:
+                metrics.update(evaluate(state.params))
+            writer.write(step, metrics)
+            host = {
+                "step": step,
+                "data": curriculum_lib.state_to_json(stage.sampler.state_dict(data_state)),
+                "eval_before": eval_before,
+                "settings": saved_settings,
+            }
+            stop = guard.should_stop()
+            if checkpointer.should_save(step) or stop or step == stage.steps:
+                checkpointer.save(step, state, host, force=True)
+            if stop:
+                log(f"stopping at step {step} on a termination signal; checkpoint saved")
+                break
+        eval_after = None if evaluate is None else evaluate(state.params)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        raise
+    finally:
+        guard.uninstall()
+        checkpointer.close()
+    if eval_after is not None:
+        writer.write(step, eval_after, record="final")
+    writer.close()
+    if eval_before is not None and eval_after is not None:
+        log(
+            f"held-out accuracy: before {eval_before['eval/accuracy']:.3f}, after "
+            f"{eval_after['eval/accuracy']:.3f} ({int(eval_after['eval/num_prompts'])} prompts, "
+            "greedy)"
+        )
+    return RunResult(state, step, start_step, eval_before, eval_after, history)

@@ -1,0 +1,153 @@
+"""The SFT stage: a cold start on demonstrations or distillation traces before RL.
+
+`python -m rlvr_jax.main --config=configs/sft_tiny.py` runs it (`train.stage="sft"`).
+Demonstrations come from `sft.path`, or from the training examples of `data` with their gold
+answer as the response (`rlvr_jax.sft.data`); the update is `rlvr_jax.sft.step`. The state,
+optimizer, checkpoints, evaluation and metrics ledger are the run skeleton's, as for RL, so a run
+resumes exactly from its workdir (data order included). At the end the policy is written as a
+Hugging Face directory `<workdir>/hf` (config.json, safetensors, tokenizer), and the RL stage
+starts from it with `model.source=<workdir>/hf`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from rlvr_jax.config_types import ConfigError
+from rlvr_jax.data import curriculum as curriculum_lib
+from rlvr_jax.data import templates
+from rlvr_jax.data.example import Example
+from rlvr_jax.envs.single_turn import build_task
+from rlvr_jax.model import hf
+from rlvr_jax.program import build
+from rlvr_jax.program.evaluation import heldout_evaluator
+from rlvr_jax.program.run import Stage, run_stage
+from rlvr_jax.program.settings import Settings
+from rlvr_jax.rl import state as state_lib
+from rlvr_jax.sft.data import (
+    Demonstration,
+    EncodedDemonstrations,
+    demonstrations_from_examples,
+    encode_demonstrations,
+    load_demonstrations,
+)
+from rlvr_jax.sft.step import build_sft_step, make_batch
+
+EXPORT_DIR = "hf"
+
+
+def _demonstrations(
+    s: Settings, train_ex: Sequence[Example] | None, log: Callable[[str], None]
+) -> list[Demonstration]:
+    if not s.sft.path:
+        return demonstrations_from_examples(train_ex or [], s.sft.response_format)
+    demos, report = load_demonstrations(s.sft.path, s.sft.prompt_field, s.sft.response_field)
+    log(report.summary())
+    return demos
+
+
+def _sft_step(s: Settings, step_fn, sampler, enc: EncodedDemonstrations, pad_id: int):
+    def step(state, sampler_state):
+        start = time.perf_counter()
+        sampler_state, idx = sampler.next(sampler_state, s.sft.batch_size)
+        batch = make_batch(
+            [enc.ids[i] for i in idx],
+            [enc.prompt_lengths[i] for i in idx],
+            s.sft.buckets,
+            pad_id,
+        )
+        state, metrics = step_fn(state, jax.tree.map(jnp.asarray, batch))
+        metrics = jax.device_get(metrics)
+        metrics["time/step"] = time.perf_counter() - start
+        metrics["sft/epoch"] = sampler_state.epoch + sampler_state.position / len(enc.ids)
+        return state, sampler_state, metrics
+
+    return step
+
+
+def run(
+    settings: Settings,
+    workdir: str | Path,
+    log: Callable[[str], None] = print,
+    allow_changed_settings: bool = False,
+) -> dict:
+    """Fine-tunes on demonstrations, evaluating before and after; resumes from `workdir`.
+
+    Returns:
+      {"eval_before", "eval_after" (None when `sft.eval` is off), "steps", "resumed_from",
+      "export" (the Hugging Face directory, or None), "loss_first", "loss_last"}.
+    """
+    tok = build.build_tokenizer(settings.model)
+    params, model_cfg = build.load_policy(settings.model, tok, settings.train.seed)
+    s = build.with_tokenizer_ids(settings, tok)
+    template = templates.get_template(s.data.template)
+
+    train_ex = eval_ex = None
+    if s.sft.eval or not s.sft.path:
+        train_ex, eval_ex, notes = build.load_examples(s.data)
+        for note in notes:
+            log(note)
+    enc = encode_demonstrations(
+        _demonstrations(s, train_ex, log), template, tok, max(s.sft.buckets)
+    )
+    log(enc.summary())
+    if len(enc.ids) < s.sft.batch_size:
+        raise ConfigError(
+            f"sft.batch_size={s.sft.batch_size} exceeds the {len(enc.ids)} demonstrations"
+        )
+    steps = math.ceil(s.sft.epochs * len(enc.ids) / s.sft.batch_size) or s.train.steps
+
+    optimizer = state_lib.make_optimizer(s.optim)
+    step_fn = build_sft_step(
+        model_cfg, optimizer, state_lib.learning_rate_schedule(s.optim), s.rl.logprob_chunk
+    )
+    state = state_lib.init_train_state(
+        params, optimizer, jax.random.key(s.train.seed + 1), use_reference=False
+    )
+    sampler = curriculum_lib.EpochSampler(enc.demos, shuffle=True)
+    with contextlib.ExitStack() as stack:
+        evaluate = None
+        if s.sft.eval:
+            enc_eval = templates.encode_prompts(eval_ex, template, tok, s.data.buckets)
+            task = build_task(
+                s.reward, tok, model_cfg.vocab_size, enc_eval.examples, s.data.template
+            )
+            stack.enter_context(task)
+            evaluate = heldout_evaluator(model_cfg, s, task, tok, enc_eval.ids, enc_eval.examples)
+        stage = Stage(
+            name="SFT",
+            steps=steps,
+            state=state,
+            sampler=sampler,
+            step=_sft_step(s, step_fn, sampler, enc, tok.pad_id),
+            evaluate=evaluate,
+        )
+        result = run_stage(stage, s, workdir, log, allow_changed_settings)
+    losses = [float(m["sft/loss"]) for m in result.step_metrics]
+    if losses:
+        log(
+            f"SFT loss: {losses[0]:.4f} at step {result.resumed_from + 1}, {losses[-1]:.4f} at "
+            f"step {result.steps}"
+        )
+    out_dir = None
+    if s.sft.export and result.steps == steps:
+        out_dir = workdir / EXPORT_DIR
+        if jax.process_index() == 0:
+            hf.save_hf(result.state.params, model_cfg, out_dir, tokenizer=tok, overwrite=True)
+        log(f"policy written to {out_dir}; RL from it with --config.model.source={out_dir}")
+    return {
+        "eval_before": result.eval_before,
+        "eval_after": result.eval_after,
+        "steps": result.steps,
+        "resumed_from": result.resumed_from,
+        "export": out_dir,
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+    }

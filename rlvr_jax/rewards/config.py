@@ -1,0 +1,43 @@
+"""The reward section of the settings: which verifier, which shaping parts, with what weights."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSettings:
+    """Attributes:
+    verifier: "arithmetic" (in JAX over tokens: the whole step is one program), "math"
+      (answer extraction and equivalence on text, in a process pool with deadlines) or
+      "countdown" (an arithmetic expression over the given numbers, parsed without eval, in
+      the pool).
+    format: "number" (arithmetic: a number, then an end token), "r1" (the R1 think/answer
+      template), or "none".
+    format_weight: weight of the format part; correctness always has weight 1.
+    length_weight: weight of the Kimi k1.5 group-relative length reward (0 disables).
+    overlong_cache: DAPO soft overlong penalty ramp width in tokens (0 disables).
+    workers: host verifier processes.
+    deadline_s: per-item verifier deadline; a check past it scores 0 and is counted.
+    """
+
+    verifier: Literal["arithmetic", "math", "countdown"] = "arithmetic"
+    format: Literal["number", "r1", "none"] = "number"
+    format_weight: float = 0.0
+    length_weight: float = 0.0
+    overlong_cache: int = 0
+    workers: int = 2
+    deadline_s: float = 5.0
+
+    def __post_init__(self):
+        if self.verifier != "arithmetic" and self.format == "number":
+            object.__setattr__(self, "format", "none")
+        if self.verifier == "arithmetic" and self.format == "r1":
+            raise ValueError("reward.format='r1' needs a text verifier ('math' or 'countdown')")
+        if self.overlong_cache < 0:
+            raise ValueError(f"overlong_cache={self.overlong_cache} must be >= 0 (0 disables)")
+        if self.workers < 1 or self.deadline_s <= 0:
+            raise ValueError(
+                f"reward.workers={self.workers} must be >= 1 and deadline_s={self.deadline_s} > 0"
+            )

@@ -1,0 +1,93 @@
+"""Resume refuses settings that change what a checkpoint means, names them, and leaves the run's
+settings.json alone; a termination signal during start-up ends the run with a message."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlvr_jax.config_types import ConfigError
+from rlvr_jax.program import rl_stage
+from rlvr_jax.program import settings as settings_lib
+from tests.test_bad_settings import _tiny
+from tests.test_main import REPO, TINY
+
+
+def _settings(**overrides):
+    base = dict(train__steps=2, train__use_tensorboard=False, train__log_every=1)
+    return settings_lib.settings_from_config(_tiny(**{**base, **overrides}))
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("run")
+    rl_stage.run(_settings(), workdir, log=lambda _: None)
+    return workdir
+
+
+def test_a_changed_group_size_is_refused_naming_both_values(finished):
+    before = (finished / settings_lib.SETTINGS_FILE).read_text()
+    changed = _settings(train__steps=3, **{"rl__group_size": 2})
+    with pytest.raises(ConfigError) as e:
+        rl_stage.run(changed, finished, log=lambda _: None)
+    message = str(e.value)
+    assert "rl.group_size: 4 in the checkpoint, 2 now" in message
+    assert "--allow_changed_settings" in message
+    assert (finished / settings_lib.SETTINGS_FILE).read_text() == before
+
+
+def test_every_changed_field_is_listed(finished):
+    changed = _settings(train__steps=3, data__seed=5, optim__b1=0.5)
+    with pytest.raises(ConfigError) as e:
+        rl_stage.run(changed, finished, log=lambda _: None)
+    assert "data.seed: 0 in the checkpoint, 5 now" in str(e.value)
+    assert "optim.b1: 0.9 in the checkpoint, 0.5 now" in str(e.value)
+
+
+def test_free_settings_change_without_a_flag(finished, tmp_path):
+    diffs = settings_lib.resume_differences(
+        settings_lib.plain_settings(_settings()),
+        _settings(train__steps=9, train__checkpoint_every=3, eval__batch_prompts=16),
+    )
+    assert diffs == []
+
+
+def test_a_deliberate_change_is_accepted_and_logged(tmp_path):
+    rl_stage.run(_settings(), tmp_path, log=lambda _: None)
+    lines = []
+    out = rl_stage.run(
+        _settings(train__steps=3, optim__learning_rate=1e-3),
+        tmp_path,
+        log=lines.append,
+        allow_changed_settings=True,
+    )
+    assert out["steps"] == 3 and out["resumed_from"] == 2
+    assert any("optim.learning_rate: 0.003 in the checkpoint, 0.001 now" in x for x in lines)
+    saved = json.loads((tmp_path / settings_lib.SETTINGS_FILE).read_text())
+    assert saved["optim"]["learning_rate"] == 1e-3  # the settings the run now continues with
+
+
+@pytest.mark.slow
+def test_sigterm_during_start_up_says_nothing_was_trained(tmp_path):
+    workdir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rlvr_jax.main", f"--config={TINY}", f"--workdir={workdir}"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 300
+    # The workdir appears when the skeleton opens it, before the first evaluation compiles.
+    while not workdir.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
+    assert "stopped by SIGTERM outside the training loop" in err
+    assert "nothing has been trained yet" in err
+    assert "Traceback" not in err
+    checkpoints = workdir / "checkpoints"
+    assert not checkpoints.exists() or not any(p.name.isdigit() for p in checkpoints.iterdir())
