@@ -37,6 +37,13 @@ _ALLOW_CHANGED = flags.DEFINE_bool(
     "was saved with (the group size, the data, the optimizer); they are listed either way.",
 )
 
+_STEP = flags.DEFINE_integer(
+    "step",
+    -1,
+    "Resume from this checkpoint step instead of the newest readable one; newer checkpoints are "
+    "removed and the metrics after it dropped.",
+)
+
 
 class _StartupTerminated(SystemExit):
     """SIGTERM or SIGINT before the training loop took over the signals."""
@@ -73,7 +80,12 @@ def main(argv: list[str]) -> None:
     settings = settings_from_config(config)
     name = Path(flags.FLAGS["config"].config_filename.split(":")[0]).stem
     workdir = _WORKDIR.value or os.path.join("runs", name)
-    stages.run(settings, workdir, allow_changed_settings=_ALLOW_CHANGED.value)
+    stages.run(
+        settings,
+        workdir,
+        allow_changed_settings=_ALLOW_CHANGED.value,
+        resume_step=None if _STEP.value < 0 else _STEP.value,
+    )
 
 
 if __name__ == "__main__":

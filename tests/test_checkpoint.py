@@ -1,14 +1,20 @@
 """Checkpoints: bit-exact round trips, keep-last-n, host JSON, reference by path, atomicity,
-corrupt directories, sharded restore and the SIGTERM guard."""
+corrupt directories and the fallback past them, failed saves, sharded restore and the SIGTERM
+guard."""
 
 import dataclasses
+import errno
+import gc
 import json
 import os
+import re
+import shutil
 import signal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -168,25 +174,215 @@ def test_interrupted_save_is_not_the_latest(tmp_path, saved):
         assert not partial.exists()  # a writer clears what the interrupted save left
 
 
-def test_corrupt_directory_names_path_and_step(tmp_path, saved):
+def test_corrupt_directory_names_path_and_step(tmp_path, saved, caplog):
     state, other = saved
     with ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="embedded") as ckpt:
-        ckpt.save(4, state)
-        ckpt.save(5, state)
+        ckpt.save(4, state, {"at": 4})
+        ckpt.save(5, state, {"at": 5})
     # Step 5's tree metadata is truncated; a stray "9" directory holds nothing.
     index = tmp_path / "5" / "state" / "_METADATA"
     index.write_bytes(index.read_bytes()[:10])
     (tmp_path / "9").mkdir()
     (tmp_path / "9" / "junk").write_text("x")
     ckpt = ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="embedded")
-    with pytest.raises(ckpt_lib.CheckpointError, match=r"9 \(step 9\) is incomplete"):
-        ckpt.restore(other)
-    with pytest.raises(ckpt_lib.CheckpointError, match=r"5 \(step 5\)") as e:
+    with pytest.raises(ckpt_lib.CorruptCheckpointError, match=r"9 \(step 9\) is incomplete"):
+        ckpt.restore(other, step=9)
+    with pytest.raises(ckpt_lib.CorruptCheckpointError, match=r"5 \(step 5\)") as e:
         ckpt.restore(other, step=5)
     assert str(tmp_path / "5") in str(e.value)
-    restored, _ = ckpt.restore(other, step=4)
+    with caplog.at_level("WARNING"):
+        restored, host = ckpt.restore(other)
+    assert host == {"at": 4} and ckpt.restored_step == 4
     _assert_same(restored.params, state.params)
+    skipped = [r.getMessage() for r in caplog.records if "is unreadable, trying" in r.getMessage()]
+    assert [m.split()[2] for m in skipped] == ["9", "5"]
     ckpt.close()
+
+
+def _truncate_largest_array_file(step_dir):
+    files = [p for p in (step_dir / "state").rglob("*") if p.is_file()]
+    largest = max(files, key=lambda p: p.stat().st_size)
+    largest.write_bytes(largest.read_bytes()[: largest.stat().st_size // 2])
+
+
+# What a failing disk or an interrupted copy can leave in a finished step directory, and a
+# word of the reason each is reported with.
+_CORRUPTIONS = {
+    "truncated array file": (_truncate_largest_array_file, "cannot restore"),
+    "garbage meta": (
+        lambda d: (d / "meta" / "metadata").write_bytes(b"\x00{not json"),
+        "JSONDecodeError",
+    ),
+    "garbage host": (
+        lambda d: (d / "host" / "metadata").write_bytes(b"\x00{not json"),
+        "JSONDecodeError",
+    ),
+    "meta without keys": (
+        lambda d: (d / "meta" / "metadata").write_text('{"version": 1}'),
+        "without",
+    ),
+    "missing state item": (lambda d: shutil.rmtree(d / "state"), r"missing \['state'\]"),
+    "missing host item": (lambda d: shutil.rmtree(d / "host"), r"missing \['host'\]"),
+}
+
+
+@pytest.fixture
+def three_steps(tmp_path):
+    """Steps 1, 2, 3 of a run, each with a different state; returns the states by step."""
+    states = {step: _state(step) for step in (1, 2, 3)}
+    with ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="embedded") as ckpt:
+        for step, state in states.items():
+            ckpt.save(step, state, {"at": step})
+    return tmp_path, states
+
+
+# Once one array read fails, orbax abandons the reads of the others unawaited; they are collected
+# at the end of the test (not in a later one) and their notices dropped.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("kind", list(_CORRUPTIONS))
+def test_unreadable_latest_falls_back_to_the_previous_step(three_steps, kind, caplog):
+    directory, states = three_steps
+    corrupt, reason = _CORRUPTIONS[kind]
+    corrupt(directory / "3")
+    target = jax.eval_shape(lambda: states[1])
+    with ckpt_lib.Checkpointer(directory, every_steps=1, ref_source="embedded") as ckpt:
+        with caplog.at_level("WARNING"):
+            restored, host = ckpt.restore(target)
+        assert host == {"at": 2} and ckpt.restored_step == 2
+        _assert_same(restored.params, states[2].params)
+        _assert_same(restored.opt_state, states[2].opt_state)
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        bad = [m for m in warnings if m.startswith("checkpoint step 3 is unreadable")]
+        assert len(bad) == 1 and str(directory / "3") in bad[0]
+        assert re.search(reason, bad[0]), bad[0]
+        # Named explicitly, the bad step is an error, not a fallback.
+        with pytest.raises(ckpt_lib.CorruptCheckpointError, match=r"step 3") as e:
+            ckpt.restore(target, step=3)
+        assert str(directory / "3") in str(e.value)
+        assert ckpt.restored_step == 2
+    gc.collect()
+
+
+def test_every_step_unreadable_is_one_error_naming_each(three_steps, caplog):
+    directory, states = three_steps
+    _truncate_largest_array_file(directory / "3")
+    (directory / "2" / "meta" / "metadata").write_bytes(b"\x00")
+    shutil.rmtree(directory / "1" / "host")
+    ckpt = ckpt_lib.Checkpointer(directory, every_steps=1, read_only=True)
+    with pytest.raises(ckpt_lib.CorruptCheckpointError, match="no readable checkpoint") as e:
+        ckpt.restore(jax.eval_shape(lambda: states[1]))
+    message = str(e.value)
+    for step in (3, 2, 1):
+        assert f"step {step}: " in message and str(directory / str(step)) in message
+    assert ckpt.restored_step is None
+    ckpt.close()
+
+
+def test_discard_after_lets_saving_continue_from_an_older_step(three_steps):
+    directory, states = three_steps
+    (directory / "3" / "meta" / "metadata").write_bytes(b"\x00")
+    reader = ckpt_lib.Checkpointer(directory, read_only=True, every_steps=1)
+    with pytest.raises(ckpt_lib.CheckpointError, match="read-only"):
+        reader.discard_after(2)
+    reader.close()
+    target = jax.eval_shape(lambda: states[1])
+    with ckpt_lib.Checkpointer(directory, every_steps=1, ref_source="embedded") as ckpt:
+        ckpt.restore(target)
+        assert ckpt.restored_step == 2
+        assert ckpt.discard_after(ckpt.restored_step) == [3]
+        assert ckpt.all_steps() == [1, 2] and not (directory / "3").exists()
+        assert ckpt.discard_after(2) == []
+        # Step 3 is written again, from the resumed state, and is the latest once more.
+        assert ckpt.save(3, states[1], {"at": "3 again"})
+        restored, host = ckpt.restore(target)
+    assert host == {"at": "3 again"}
+    _assert_same(restored.params, states[1].params)
+    with ckpt_lib.Checkpointer(directory, every_steps=1, ref_source="embedded") as ckpt:
+        assert ckpt.discard_after(0) == [1, 2, 3] and ckpt.latest_step() is None
+
+
+@pytest.fixture
+def disk_full(monkeypatch):
+    """Every JSON item orbax writes fails as on a full disk (in its background thread)."""
+
+    async def fail(self, item, directory):
+        raise OSError(errno.ENOSPC, "No space left on device", str(directory / "metadata"))
+
+    monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", fail)
+
+
+def _assert_is_the_disk_error(e, directory, step):
+    assert isinstance(e.__cause__, OSError) and e.__cause__.errno == errno.ENOSPC
+    message = str(e)
+    assert f"step {step} to {directory / str(step)}" in message
+    assert "No space left on device" in message and str(directory) in message
+
+
+def _release_then_fail(ckpt, message):
+    """Makes releasing the manager of `ckpt` fail after it has released it."""
+    release = ckpt._manager.close
+
+    def close():
+        release()
+        raise RuntimeError(message)
+
+    ckpt._manager.close = close
+
+
+def test_failed_async_save_is_raised_by_close_not_a_cleanup_error(tmp_path, saved, disk_full):
+    state, _ = saved
+    ckpt = ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="embedded")
+    assert ckpt.save(2, state)
+    _release_then_fail(ckpt, "a secondary error while releasing")
+    with pytest.raises(ckpt_lib.CheckpointError) as e:
+        ckpt.close()
+    _assert_is_the_disk_error(e.value, tmp_path, 2)
+    ckpt.close()  # released: nothing more to report
+    # With nothing to report first, an error while releasing is raised itself.
+    with ckpt_lib.Checkpointer(tmp_path / "other", every_steps=1) as ckpt:
+        _release_then_fail(ckpt, "release failed")
+        with pytest.raises(ckpt_lib.CheckpointError, match="release failed"):
+            ckpt.close()
+
+
+def test_failed_async_save_is_raised_once_by_wait_or_the_next_save(tmp_path, saved, disk_full):
+    state, _ = saved
+    with (
+        pytest.raises(ckpt_lib.CheckpointError) as e,
+        ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="embedded") as ckpt,
+    ):
+        ckpt.save(1, state)
+    _assert_is_the_disk_error(e.value, tmp_path, 1)
+
+    # Fresh directories: the failed save's array writes may still be landing in its own.
+    ckpt = ckpt_lib.Checkpointer(tmp_path / "b", every_steps=1, ref_source="embedded")
+    ckpt.save(3, state)
+    with pytest.raises(ckpt_lib.CheckpointError) as e:
+        ckpt.save(4, state)  # the next save reports the failure of the previous one
+    _assert_is_the_disk_error(e.value, tmp_path / "b", 3)
+    assert ckpt.all_steps() == []  # the failed save is not a checkpoint
+    ckpt.close()  # already reported
+
+    ckpt = ckpt_lib.Checkpointer(tmp_path / "c", every_steps=1, ref_source="embedded")
+    ckpt.save(5, state)
+    with pytest.raises(ckpt_lib.CheckpointError) as e:
+        ckpt.wait()
+    _assert_is_the_disk_error(e.value, tmp_path / "c", 5)
+    ckpt.wait()
+    ckpt.close()
+
+
+def test_an_error_in_the_body_is_not_replaced_by_a_failed_save(tmp_path, saved, disk_full, caplog):
+    state, _ = saved
+    with (
+        pytest.raises(ZeroDivisionError),
+        caplog.at_level("ERROR"),
+        ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="embedded") as ckpt,
+    ):
+        ckpt.save(1, state)
+        1 / 0  # noqa: B018
+    logged = [r.getMessage() for r in caplog.records if r.name == "root"]
+    assert any("saving step 1" in m and "No space left" in m for m in logged)
 
 
 def test_mismatched_target_is_a_clear_error(tmp_path, saved):
@@ -197,10 +393,13 @@ def test_mismatched_target_is_a_clear_error(tmp_path, saved):
     )
     with ckpt_lib.Checkpointer(tmp_path, every_steps=1) as ckpt:
         ckpt.save(1, state)
+        ckpt.save(2, state)
+        # A readable checkpoint that does not fit is the caller's error: no fallback to step 1.
         with pytest.raises(
-            ckpt_lib.CheckpointError, match=r"step 1.*params.embed: saved \(512, 64\)"
-        ):
+            ckpt_lib.CheckpointError, match=r"step 2.*params.embed: saved \(512, 64\)"
+        ) as e:
             ckpt.restore(small)
+        assert not isinstance(e.value, ckpt_lib.CorruptCheckpointError)
         no_ref = dataclasses.replace(state, ref_params=None)
         with pytest.raises(ckpt_lib.CheckpointError, match="reference parameters"):
             ckpt.restore(no_ref)

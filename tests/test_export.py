@@ -2,6 +2,7 @@
 `transformers` loads with the same logits; a non-empty --out is refused or replaced whole; a
 missing --step is named; an unreadable latest checkpoint is skipped with a warning."""
 
+import gc
 import os
 import shutil
 import subprocess
@@ -41,7 +42,10 @@ def _tiny():
 
 
 def test_settings_are_saved_and_read_back(tiny_run):
-    assert settings_lib.load_settings(tiny_run) == settings_lib.settings_from_config(_tiny())
+    # As the run used them: the tokenizer's end and pad ids filled in.
+    settings = settings_lib.settings_from_config(_tiny())
+    expected = build.with_tokenizer_ids(settings, build.build_tokenizer(settings.model))
+    assert settings_lib.load_settings(tiny_run) == expected
 
 
 def _export(workdir, out, *flags) -> subprocess.CompletedProcess:
@@ -167,6 +171,9 @@ def test_a_step_that_does_not_exist_is_named_with_the_available_ones(tiny_run, t
     assert not (tmp_path / "hf").exists()
 
 
+# Reading the truncated step abandons orbax's other array reads unawaited; they are collected at
+# the end of the test (not in a later one) and their notices dropped.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_export_skips_an_unreadable_latest_checkpoint(tiny_run, tmp_path):
     workdir = tmp_path / "run"
     shutil.copytree(tiny_run, workdir)
@@ -185,3 +192,4 @@ def test_export_skips_an_unreadable_latest_checkpoint(tiny_run, tmp_path):
     # Named explicitly, the unreadable step is an error.
     with pytest.raises(CheckpointError, match="step 3"):
         build.restore_policy(workdir, step=3)
+    gc.collect()

@@ -91,3 +91,29 @@ def test_sigterm_during_start_up_says_nothing_was_trained(tmp_path):
     assert "Traceback" not in err
     checkpoints = workdir / "checkpoints"
     assert not checkpoints.exists() or not any(p.name.isdigit() for p in checkpoints.iterdir())
+
+
+def _step_rows(workdir):
+    rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in rows if r["record"] == "step"]
+
+
+def test_resume_from_an_explicit_step_drops_what_came_after(tmp_path):
+    settings = _settings(train__steps=4, train__checkpoint_every=1, train__keep_checkpoints=5)
+    rl_stage.run(settings, tmp_path, log=lambda _: None)
+    lines = []
+    out = rl_stage.run(settings, tmp_path, log=lines.append, resume_step=2)
+    assert out["resumed_from"] == 2 and out["steps"] == 4
+    assert any("removed checkpoints [3, 4]" in x for x in lines)
+    assert _step_rows(tmp_path) == [1, 2, 3, 4]
+
+
+def test_an_unreadable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
+    settings = _settings(train__steps=3, train__checkpoint_every=1, train__keep_checkpoints=5)
+    rl_stage.run(settings, tmp_path, log=lambda _: None)
+    (tmp_path / "checkpoints" / "3" / "meta" / "metadata").write_text("{not json")
+    lines = []
+    out = rl_stage.run(_settings(train__steps=4, train__checkpoint_every=1), tmp_path, lines.append)
+    assert out["resumed_from"] == 2 and out["steps"] == 4
+    assert "checkpoint step 3 is unreadable" in caplog.text
+    assert _step_rows(tmp_path) == [1, 2, 3, 4]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -339,6 +341,28 @@ def load_hf(
     return params, cfg
 
 
+def check_output_dir(directory: str | os.PathLike, overwrite: bool = False) -> Path:
+    """`directory` as the target of `save_hf`: absent or empty, or any directory to replace.
+
+    Raises:
+      FileExistsError: naming `directory` when it is a file, or (without `overwrite`) a
+        directory that holds anything: a leftover checkpoint there would be mixed with the new
+        one (an old shard index wins over a new single file when the directory is loaded).
+    """
+    directory = Path(os.path.abspath(directory))
+    if directory.exists() and not directory.is_dir():
+        raise FileExistsError(f"{directory} exists and is not a directory")
+    if not overwrite and directory.is_dir():
+        names = sorted(p.name for p in directory.iterdir())
+        if names:
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            raise FileExistsError(
+                f"{directory} is not empty (it holds {shown}); refusing to mix a new checkpoint "
+                "into it"
+            )
+    return directory
+
+
 def save_hf(
     params: Params,
     cfg: ModelConfig,
@@ -346,19 +370,69 @@ def save_hf(
     tokenizer: Any = None,
     dtype: str | None = None,
     max_shard_bytes: int = 5 * 2**30,
+    overwrite: bool = False,
 ) -> Path:
     """Writes `params` as a Hugging Face checkpoint directory that `transformers` loads.
+
+    The files are written into a new sibling directory that is then renamed to `directory`, so
+    the directory is never half written: an interrupted export leaves it as it was (and a hidden
+    `.<name>.tmp-*` sibling). With `overwrite`, an existing directory is moved aside and deleted
+    only once the new one is in its place, so no file of it (an old shard, an old index) remains.
 
     Args:
       params: the weights.
       cfg: their architecture.
-      directory: created if needed.
+      directory: where the checkpoint goes; its parent is created if needed.
       tokenizer: optional; anything with `save_pretrained(directory)` (our `Tokenizer` has it).
       dtype: storage dtype ("float32", "bfloat16"); default `cfg.param_dtype`.
       max_shard_bytes: larger checkpoints are split into shards with an index file.
+      overwrite: replace a directory that is not empty.
+
+    Returns:
+      `directory`, as an absolute path.
+
+    Raises:
+      FileExistsError: `directory` is a file, or not empty and `overwrite` is false.
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = check_output_dir(directory, overwrite)
+    if directory.is_symlink():
+        directory = directory.resolve()  # replace what the link points to, not the link
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    # Created with os.mkdir (not tempfile), so that it gets the umask's permissions.
+    tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        _write_hf(params, cfg, tmp, tokenizer, dtype, max_shard_bytes)
+        _move_into_place(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def _move_into_place(new: Path, directory: Path) -> None:
+    """Renames the complete directory `new` to `directory`, replacing what is there."""
+    if not directory.exists() or not any(directory.iterdir()):
+        os.replace(new, directory)  # over an empty directory too (POSIX rename)
+        return
+    old = directory.parent / f".{directory.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+    os.rename(directory, old)
+    try:
+        os.rename(new, directory)
+    except BaseException:
+        os.rename(old, directory)
+        raise
+    shutil.rmtree(old)
+
+
+def _write_hf(
+    params: Params,
+    cfg: ModelConfig,
+    directory: Path,
+    tokenizer: Any,
+    dtype: str | None,
+    max_shard_bytes: int,
+) -> None:
     dt = np.dtype(ml_dtypes.bfloat16) if (dtype or cfg.param_dtype) == "bfloat16" else None
     dt = dt or np.dtype(dtype or cfg.param_dtype)
     tensors = {k: v.astype(dt) for k, v in params_to_hf_tensors(params, cfg).items()}
@@ -387,4 +461,3 @@ def save_hf(
         json.dump(hf, f, indent=2)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(directory))
-    return directory

@@ -14,8 +14,17 @@ interrupted (preemption, crash, full disk) never becomes the latest checkpoint. 
 asynchronous by default: `save` returns once the arrays are copied to host memory and the files
 are written in the background; `close` (or `wait`) waits for the last one.
 
-Every process of a multi-host run calls `save` and `restore` (orbax coordinates them); only the
-primary process writes the JSON items.
+`restore` without a step takes the newest checkpoint that reads back: a step whose files are
+damaged (a truncated array file, unreadable metadata, a missing item) is reported in a warning and
+the previous one is tried, so one bad write costs the steps since the previous checkpoint, not the
+run. A checkpoint that reads but does not fit the caller's state is the caller's error and is
+raised. `discard_after` then removes the newer steps, so that saving continues from the restored
+one. An asynchronous save that fails is raised by the next `wait`, `close` or save, once, as a
+`CheckpointError` naming the step's directory, chained to the original error (an `OSError` for a
+full disk).
+
+Every process of a multi-host run calls `save`, `restore` and `discard_after` (orbax coordinates
+them); only the primary process writes the JSON items.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
@@ -44,6 +53,17 @@ _STATE, _HOST, _META = "state", "host", "meta"
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or restored; the message names the path and step."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint whose files cannot be read: a missing item, unreadable metadata or arrays.
+
+    Unlike a checkpoint that reads but does not match the target, an older step may be intact.
+    """
+
+
+# The metadata `restore` reads; a record without them is damaged.
+_META_KEYS = ("ref_source", "ref_saved", "rng_impl")
 
 
 def _is_key(x: Any) -> bool:
@@ -90,6 +110,17 @@ def _leaf_name(path: tuple[Any, ...]) -> str:
     return ".".join(parts)
 
 
+def _reason(e: BaseException, limit: int = 500) -> str:
+    """The first line of the innermost cause of `e`, for one-line messages: the array store
+    wraps its errors in messages that carry a whole multi-line store spec."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if len(text) > limit:
+        text = text[:limit] + " ..."
+    return f"{type(e).__name__}: {text}"
+
+
 def _is_concrete(tree: Any) -> bool:
     leaves = jax.tree.leaves(tree)
     return bool(leaves) and all(isinstance(x, jax.Array) for x in leaves)
@@ -112,6 +143,9 @@ class Checkpointer:
       read_only: only read (an evaluator watching a directory the trainer writes): nothing is
         deleted, saving is an error. A writer removes temporary directories left by interrupted
         saves when it opens the directory.
+
+    Attributes:
+      restored_step: the step the last `restore` read (after any fallback), None before one.
     """
 
     def __init__(
@@ -165,13 +199,23 @@ class Checkpointer:
         # awaits that only in its next save; wait now, so that opening a writer is enough.
         await_cleanup = getattr(self._manager, "_maybe_await_cleanup_tmp_directory", None)
         if not read_only and await_cleanup is not None:
-            await_cleanup()
+            try:
+                await_cleanup()
+            except OSError as e:
+                # The array writes of a save that failed can still be landing in its temporary
+                # directory. Such a directory is never read, so it costs disk space, not the
+                # run; orbax would otherwise raise this again at the first save.
+                logging.warning("cannot remove a temporary directory in %s: %s", self.directory, e)
+                self._manager._cleanup_tmp_directory_future = None
+        self.restored_step: int | None = None
+        self._saving: int | None = None  # the step of the save that `wait` waits for
+        self._closed = False
 
     # -- queries --------------------------------------------------------------------------------
 
     def all_steps(self) -> list[int]:
         """Steps of the complete checkpoints on disk, ascending (after any save in flight)."""
-        self._manager.wait_until_finished()
+        self.wait()
         self._manager.reload()
         return sorted(self._manager.all_steps())
 
@@ -222,6 +266,7 @@ class Checkpointer:
         host = _check_json(host or {})
         tree, meta = self._to_tree(state)
         meta["time"] = time.time()
+        self._saving = step
         try:
             return bool(
                 self._manager.save(
@@ -263,19 +308,33 @@ class Checkpointer:
 
     def read_meta(self, step: int | None = None) -> dict[str, Any]:
         """This module's record of checkpoint `step` (default: the latest): "ref_source",
-        "ref_saved", "rng_impl", "time", "version"."""
+        "ref_saved", "has_ref", "rng_impl", "time", "version".
+
+        Raises:
+          CorruptCheckpointError: the record is missing or unreadable.
+        """
         step = self._resolve_step(step)
-        return self._restore_items(step, {_META: ocp.args.JsonRestore()})[_META]
+        self._check_items(step)
+        return self._check_meta(step, self._restore_items(step, {_META: ocp.args.JsonRestore()}))
 
     def restore(
-        self, target: TrainState, step: int | None = None
+        self,
+        target: TrainState | Callable[[dict[str, Any]], TrainState],
+        step: int | None = None,
     ) -> tuple[TrainState, dict[str, Any]] | None:
-        """Restores checkpoint `step` (default: the latest) into the layout of `target`.
+        """Restores checkpoint `step` (default: the newest readable one) into `target`'s layout.
+
+        Without a step, a checkpoint whose files cannot be read (`CorruptCheckpointError`) is
+        skipped with a warning naming it and why, and the next older one is tried. A checkpoint
+        that reads but does not fit `target` stops the search: that is the caller's error, and an
+        older step would hide it. `restored_step` tells which step was read.
 
         Args:
           target: a state (concrete or from `jax.eval_shape`) whose leaves give the shapes,
             dtypes and shardings to restore into; with explicit shardings the restore is sharded.
-          step: which checkpoint; None for the latest.
+            Or a function from the checkpoint's metadata (as `read_meta` returns it) to such a
+            state, for a caller whose layout depends on what was saved (e.g. "ref_saved").
+          step: which checkpoint; None for the newest readable one.
 
         Returns:
           `(state, host)`, or None when the directory holds no checkpoint. When the reference
@@ -284,17 +343,86 @@ class Checkpointer:
           source) and None otherwise (the caller loads them from `read_meta()["ref_source"]`).
 
         Raises:
-          CheckpointError: the checkpoint is missing, corrupt, or does not match `target`.
+          CorruptCheckpointError: the named step, or every step, cannot be read (the message
+            names each step and why).
+          CheckpointError: the step does not exist, or the checkpoint does not match `target`.
         """
-        if step is None and self.latest_step() is None:
-            return None
-        step = self._resolve_step(step)
-        meta = self._restore_items(step, {_META: ocp.args.JsonRestore()})[_META]
-        if not isinstance(meta, dict) or meta.get("version") != FORMAT_VERSION:
-            raise CheckpointError(
-                f"checkpoint {self.step_dir(step)} (step {step}) has metadata {meta!r}; expected "
-                f"format version {FORMAT_VERSION}"
+        if step is not None:
+            out = self._restore_step(target, self._resolve_step(step))
+            self.restored_step = step
+            return out
+        steps = self.all_steps()
+        bad: list[tuple[int, CorruptCheckpointError]] = []
+        for candidate in reversed(steps):
+            try:
+                out = self._restore_step(target, candidate)
+            except CorruptCheckpointError as e:
+                logging.warning(
+                    "checkpoint step %d is unreadable, trying the previous one: %s", candidate, e
+                )
+                bad.append((candidate, e))
+                continue
+            if bad:
+                logging.warning(
+                    "restored checkpoint step %d of %s; the newer steps %s are unreadable",
+                    candidate,
+                    self.directory,
+                    [b for b, _ in bad],
+                )
+            self.restored_step = candidate
+            return out
+        if bad:
+            raise CorruptCheckpointError(
+                f"no readable checkpoint in {self.directory}: "
+                + "; ".join(f"step {b}: {e}" for b, e in bad)
+            ) from bad[0][1]
+        return None
+
+    def _restore_step(
+        self, target: TrainState | Callable[[dict[str, Any]], TrainState], step: int
+    ) -> tuple[TrainState, dict[str, Any]]:
+        # The small JSON items first: a damaged step is found before any array is read.
+        self._check_items(step)
+        items = self._restore_items(
+            step, {_META: ocp.args.JsonRestore(), _HOST: ocp.args.JsonRestore()}
+        )
+        meta = self._check_meta(step, items)
+        host = items[_HOST] if items[_HOST] is not None else {}
+        if not isinstance(host, dict):
+            raise CorruptCheckpointError(
+                f"checkpoint {self.step_dir(step)} (step {step}) has host state {host!r}; "
+                "expected a JSON object"
             )
+        if callable(target):
+            target = target(meta)
+        abstract, target_is_key = self._abstract_target(step, meta, target)
+        self._check_layout(step, abstract)
+        tree = self._restore_items(step, {_STATE: ocp.args.StandardRestore(abstract)})[_STATE]
+        rng = tree["rng"]
+        if target_is_key:
+            rng = jax.random.wrap_key_data(rng, impl=meta["rng_impl"])
+            if rng.dtype != target.rng.dtype:
+                raise CheckpointError(
+                    f"checkpoint {self.step_dir(step)} (step {step}) has a {rng.dtype} PRNG key; "
+                    f"the target's is {target.rng.dtype}"
+                )
+        if meta["ref_saved"]:
+            ref = tree["ref_params"]
+        else:
+            ref = target.ref_params if _is_concrete(target.ref_params) else None
+        state = TrainState(
+            step=tree["step"],
+            params=tree["params"],
+            opt_state=tree["opt_state"],
+            ref_params=ref,
+            rng=rng,
+        )
+        return state, host
+
+    def _abstract_target(
+        self, step: int, meta: dict[str, Any], target: TrainState
+    ) -> tuple[dict[str, Any], bool]:
+        """The restore target of the saved tree, and whether the PRNG key is a typed one."""
         if meta["ref_saved"] and target.ref_params is None:
             raise CheckpointError(
                 f"checkpoint {self.step_dir(step)} (step {step}) holds reference parameters but "
@@ -326,32 +454,7 @@ class Checkpointer:
         )
         if meta["ref_saved"]:
             abstract["ref_params"] = jax.tree.map(_abstract, target.ref_params)
-        self._check_layout(step, abstract)
-        items = self._restore_items(
-            step,
-            {_STATE: ocp.args.StandardRestore(abstract), _HOST: ocp.args.JsonRestore()},
-        )
-        tree = items[_STATE]
-        rng = tree["rng"]
-        if target_is_key:
-            rng = jax.random.wrap_key_data(rng, impl=meta["rng_impl"])
-            if rng.dtype != target.rng.dtype:
-                raise CheckpointError(
-                    f"checkpoint {self.step_dir(step)} (step {step}) has a {rng.dtype} PRNG key; "
-                    f"the target's is {target.rng.dtype}"
-                )
-        if meta["ref_saved"]:
-            ref = tree["ref_params"]
-        else:
-            ref = target.ref_params if _is_concrete(target.ref_params) else None
-        state = TrainState(
-            step=tree["step"],
-            params=tree["params"],
-            opt_state=tree["opt_state"],
-            ref_params=ref,
-            rng=rng,
-        )
-        return state, dict(items[_HOST] or {})
+        return abstract, target_is_key
 
     def _resolve_step(self, step: int | None) -> int:
         steps = self.all_steps()
@@ -364,6 +467,31 @@ class Checkpointer:
                 f"no checkpoint for step {step} in {self.directory}; available steps: {steps}"
             )
         return step
+
+    def _check_items(self, step: int) -> None:
+        path = self.step_dir(step)
+        missing = [name for name in (_STATE, _HOST, _META) if not (path / name).is_dir()]
+        if missing:
+            present = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+            raise CorruptCheckpointError(
+                f"checkpoint {path} (step {step}) is incomplete or corrupt: missing {missing}, "
+                f"found {present}; delete it or restore another step of {self.all_steps()}"
+            )
+
+    def _check_meta(self, step: int, items: dict[str, Any]) -> dict[str, Any]:
+        meta = items[_META]
+        if not isinstance(meta, dict) or meta.get("version") != FORMAT_VERSION:
+            raise CorruptCheckpointError(
+                f"checkpoint {self.step_dir(step)} (step {step}) has metadata {meta!r}; expected "
+                f"format version {FORMAT_VERSION}"
+            )
+        missing = [key for key in _META_KEYS if key not in meta]
+        if missing:
+            raise CorruptCheckpointError(
+                f"checkpoint {self.step_dir(step)} (step {step}) has metadata {meta!r} without "
+                f"{missing}"
+            )
+        return meta
 
     def _check_layout(self, step: int, abstract: dict[str, Any]) -> None:
         """Compares the saved arrays' names, shapes and dtypes with the target's before reading
@@ -379,9 +507,8 @@ class Checkpointer:
                 for leaf in jax.tree.leaves(saved_tree)
             }
         except Exception as e:
-            raise CheckpointError(
-                f"cannot read the array metadata of checkpoint {path} (step {step}): "
-                f"{type(e).__name__}: {e}"
+            raise CorruptCheckpointError(
+                f"cannot read the array metadata of checkpoint {path} (step {step}): {_reason(e)}"
             ) from e
         wanted = {
             _leaf_name(p): (tuple(x.shape), np.dtype(x.dtype))
@@ -403,39 +530,101 @@ class Checkpointer:
             )
 
     def _restore_items(self, step: int, args: dict[str, Any]) -> dict[str, Any]:
-        self._manager.wait_until_finished()
-        path = self.step_dir(step)
-        missing = [name for name in args if not (path / name).is_dir()]
-        if missing:
-            present = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
-            raise CheckpointError(
-                f"checkpoint {path} (step {step}) is incomplete or corrupt: missing {missing}, "
-                f"found {present}; delete it or restore another step of {self.all_steps()}"
-            )
+        self.wait()
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(**args))
         except Exception as e:
-            raise CheckpointError(
-                f"cannot restore checkpoint {path} (step {step}): {type(e).__name__}: {e}"
+            raise CorruptCheckpointError(
+                f"cannot restore checkpoint {self.step_dir(step)} (step {step}): {_reason(e)}"
             ) from e
         return {name: restored[name] for name in args}
+
+    # -- resuming from an older step ------------------------------------------------------------
+
+    def discard_after(self, step: int) -> list[int]:
+        """Deletes the checkpoints newer than `step`, so that saving continues from `step`.
+
+        A run that resumes from an older step (on purpose, or because `restore` skipped an
+        unreadable newer one) calls this: otherwise the newer checkpoints would stay the latest,
+        and `save` would not write their steps again.
+
+        Returns:
+          The steps deleted, ascending.
+        """
+        if self.read_only:
+            raise CheckpointError(f"{self} is read-only; cannot discard steps after {step}")
+        newer = [s for s in self.all_steps() if s > step]
+        for s in newer:
+            try:
+                self._manager.delete(s)
+            except Exception as e:
+                raise CheckpointError(
+                    f"cannot delete checkpoint {self.step_dir(s)} (step {s}): "
+                    f"{type(e).__name__}: {e}"
+                ) from e
+        if newer:
+            logging.warning(
+                "deleted checkpoint steps %s of %s, newer than step %d", newer, self.directory, step
+            )
+            self._manager.reload()
+        return newer
 
     # -- lifetime -------------------------------------------------------------------------------
 
     def wait(self) -> None:
-        """Blocks until an asynchronous save in flight is on disk."""
-        self._manager.wait_until_finished()
+        """Blocks until an asynchronous save in flight is on disk.
+
+        Raises:
+          CheckpointError: that save failed; the message names its step and directory, and the
+            original error (e.g. an `OSError` for a full disk) is its `__cause__`. Raised once:
+            later calls see no save in flight.
+        """
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            step, self._saving = self._saving, None
+            where = f"step {step} to {self.step_dir(step)}" if step is not None else "a step"
+            raise CheckpointError(f"saving {where} in {self.directory} failed: {_reason(e)}") from e
 
     def close(self) -> None:
-        """Waits for the last save and releases the manager."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Waits for the last save and releases the manager; a second call does nothing.
+
+        Raises:
+          CheckpointError: the last save failed (see `wait`). The manager is released first, and
+            an error while releasing it after a failed save is logged, not raised, so the error
+            that explains the failure is the one the caller sees.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        first: CheckpointError | None = None
+        try:
+            self.wait()
+        except CheckpointError as e:
+            first = e
+        try:
+            self._manager.close()
+        except Exception as e:
+            if first is None:
+                raise CheckpointError(
+                    f"closing the checkpoints in {self.directory} failed: {type(e).__name__}: {e}"
+                ) from e
+            logging.error("closing %s after a failed save also failed: %r", self, e)
+        if first is not None:
+            raise first
 
     def __enter__(self) -> Checkpointer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        # The body's error is the one to see; a failed save is logged beside it, not instead.
+        try:
+            self.close()
+        except CheckpointError as e:
+            logging.error("%s", e)
 
     def __repr__(self) -> str:
         return f"Checkpointer({str(self.directory)!r}, every_steps={self.every_steps})"

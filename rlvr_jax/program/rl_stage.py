@@ -162,6 +162,7 @@ def run(
     workdir: str | Path,
     log: Callable[[str], None] = print,
     allow_changed_settings: bool = False,
+    resume_step: int | None = None,
 ) -> dict:
     """Trains, evaluating before and after; resumes from `workdir` when it holds a checkpoint.
 
@@ -210,7 +211,7 @@ def run(
             evaluate=heldout_evaluator(model_cfg, s, task, tok, enc_eval.ids, enc_eval.examples),
             ref_source=None if s.model.source.startswith("random:") else s.model.source,
         )
-        result = run_stage(stage, s, workdir, log, allow_changed_settings)
+        result = run_stage(stage, s, workdir, log, allow_changed_settings, resume_step)
     return {
         "eval_before": result.eval_before,
         "eval_after": result.eval_after,

@@ -119,15 +119,25 @@ def _resume(
     settings: Settings,
     workdir: Path,
     allow_changed: bool,
+    resume_step: int | None,
     log,
 ) -> tuple[TrainState, dict | None, int, metrics_lib.MetricsWriter]:
     state, host, start_step = stage.state, None, 0
-    restored = checkpointer.restore(state)
+    # The newest readable checkpoint (an unreadable newer one is skipped with a warning), or the
+    # one asked for.
+    restored = checkpointer.restore(state, step=resume_step)
     if restored is not None:
         state, host = restored
         _check_resume(host, settings, allow_changed, log)
         start_step = int(host["step"])
+        # Newer steps (skipped as unreadable, or left behind by an explicit step) would collide
+        # with the ones this run saves next.
+        dropped = checkpointer.discard_after(start_step)
+        if dropped:
+            log(f"removed checkpoints {dropped}, newer than step {start_step}")
         log(f"resumed from step {start_step} in {workdir / 'checkpoints'}")
+    elif resume_step is not None:
+        raise ConfigError(f"--step={resume_step}: {workdir / 'checkpoints'} holds no checkpoint")
     # Written once the settings are known to fit the checkpoint: eval and export read it.
     save_settings(settings, workdir)
     writer = metrics_lib.MetricsWriter(
@@ -170,8 +180,10 @@ def run_stage(
     workdir: str | Path,
     log: Callable[[str], None] = print,
     allow_changed_settings: bool = False,
+    resume_step: int | None = None,
 ) -> RunResult:
-    """Runs `stage` to `stage.steps` in `workdir`, resuming from its last checkpoint.
+    """Runs `stage` to `stage.steps` in `workdir`, resuming from its last checkpoint (or from
+    `resume_step`; newer checkpoints are then removed, and the ledger's later rows dropped).
 
     Raises:
       ConfigError: resuming with settings that change the checkpoint's meaning (see the module
@@ -192,7 +204,7 @@ def run_stage(
     writer = None
     try:
         state, host, start_step, writer = _resume(
-            checkpointer, stage, settings, workdir, allow_changed_settings, log
+            checkpointer, stage, settings, workdir, allow_changed_settings, resume_step, log
         )
         data_state = stage.sampler.init(settings.data.seed)
         eval_before = None
@@ -238,13 +250,15 @@ def run_stage(
                 log(f"stopping at step {step} on a termination signal; checkpoint saved")
                 break
         eval_after = None if evaluate is None else evaluate(state.params)
-    except BaseException:
+    except BaseException as e:
+        guard.uninstall()
         if writer is not None:
             writer.close()
+        # A failed background save is logged next to this error, not raised in its place.
+        checkpointer.__exit__(type(e), e, e.__traceback__)
         raise
-    finally:
-        guard.uninstall()
-        checkpointer.close()
+    guard.uninstall()
+    checkpointer.close()
     if eval_after is not None:
         writer.write(step, eval_after, record="final")
     writer.close()

@@ -77,6 +77,7 @@ def run(
     workdir: str | Path,
     log: Callable[[str], None] = print,
     allow_changed_settings: bool = False,
+    resume_step: int | None = None,
 ) -> dict:
     """Fine-tunes on demonstrations, evaluating before and after; resumes from `workdir`.
 
@@ -129,7 +130,7 @@ def run(
             step=_sft_step(s, step_fn, sampler, enc, tok.pad_id),
             evaluate=evaluate,
         )
-        result = run_stage(stage, s, workdir, log, allow_changed_settings)
+        result = run_stage(stage, s, workdir, log, allow_changed_settings, resume_step)
     losses = [float(m["sft/loss"]) for m in result.step_metrics]
     if losses:
         log(
@@ -138,7 +139,7 @@ def run(
         )
     out_dir = None
     if s.sft.export and result.steps == steps:
-        out_dir = workdir / EXPORT_DIR
+        out_dir = Path(workdir) / EXPORT_DIR
         if jax.process_index() == 0:
             hf.save_hf(result.state.params, model_cfg, out_dir, tokenizer=tok, overwrite=True)
         log(f"policy written to {out_dir}; RL from it with --config.model.source={out_dir}")

@@ -16,9 +16,14 @@ def run(
     workdir: str | Path,
     log: Callable[[str], None] = print,
     allow_changed_settings: bool = False,
+    resume_step: int | None = None,
 ) -> dict:
     """Runs the stage the settings name ("rl" or "sft") in `workdir`, resuming from it (see
     `program.run.run_stage` for what a resume may change)."""
     return STAGES[settings.train.stage](
-        settings, workdir, log=log, allow_changed_settings=allow_changed_settings
+        settings,
+        workdir,
+        log=log,
+        allow_changed_settings=allow_changed_settings,
+        resume_step=resume_step,
     )
