@@ -59,6 +59,16 @@ def with_tokenizer_ids(settings: Settings, tok: Tokenizer) -> Settings:
     return dataclasses.replace(settings, rl=rl)
 
 
+def policy_and_settings(
+    settings: Settings,
+) -> tuple[Tokenizer, Params, ModelConfig, Settings]:
+    """What every stage starts from: the tokenizer, the policy's weights and architecture, and
+    the settings with the tokenizer's end and pad ids filled in."""
+    tok = build_tokenizer(settings.model)
+    params, model_cfg = load_policy(settings.model, tok, settings.train.seed)
+    return tok, params, model_cfg, with_tokenizer_ids(settings, tok)
+
+
 def model_overrides(model: ModelSettings, tok: Tokenizer) -> dict[str, Any]:
     """The `ModelConfig` fields the settings set on top of the source's: numerics, and for a
     random model with a character tokenizer, a vocabulary that fits it."""

@@ -169,9 +169,7 @@ def run(
     Returns:
       {"eval_before", "eval_after", "steps", "resumed_from", "wall_time"}.
     """
-    tok = build.build_tokenizer(settings.model)
-    params, model_cfg = build.load_policy(settings.model, tok, settings.train.seed)
-    s = build.with_tokenizer_ids(settings, tok)
+    tok, params, model_cfg, s = build.policy_and_settings(settings)
 
     train_ex, eval_ex, notes = build.load_examples(s.data)
     for note in notes:

@@ -257,8 +257,9 @@ def run_stage(
         # A failed background save is logged next to this error, not raised in its place.
         checkpointer.__exit__(type(e), e, e.__traceback__)
         raise
-    guard.uninstall()
+    # The signal handlers stay until the last save is on disk.
     checkpointer.close()
+    guard.uninstall()
     if eval_after is not None:
         writer.write(step, eval_after, record="final")
     writer.close()

@@ -85,9 +85,7 @@ def run(
       {"eval_before", "eval_after" (None when `sft.eval` is off), "steps", "resumed_from",
       "export" (the Hugging Face directory, or None), "loss_first", "loss_last"}.
     """
-    tok = build.build_tokenizer(settings.model)
-    params, model_cfg = build.load_policy(settings.model, tok, settings.train.seed)
-    s = build.with_tokenizer_ids(settings, tok)
+    tok, params, model_cfg, s = build.policy_and_settings(settings)
     template = templates.get_template(s.data.template)
 
     train_ex = eval_ex = None
