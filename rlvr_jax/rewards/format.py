@@ -34,17 +34,29 @@ _MATH_DELIMS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))
 _COMMAND_RE = re.compile(r"\\[A-Za-z]+")
 
 
+def _rstrip_end(text: str, end: int) -> int:
+    """The end of `text[:end].rstrip()`, without copying `text`."""
+    while end and text[end - 1].isspace():
+        end -= 1
+    return end
+
+
 def strip_eos(text: str, eos_strings: Sequence[str] = EOS_STRINGS) -> str:
-    """`text` without trailing whitespace and end-of-sequence strings."""
-    text = text.rstrip()
+    """`text` without trailing whitespace and end-of-sequence strings.
+
+    Linear in `len(text)`: the end moves back over `text` and the result is sliced once (a
+    slice per end string would copy the text once per string: quadratic for an answer that
+    is a long run of `<|im_end|>`).
+    """
+    end = len(text.rstrip())
     changed = True
     while changed:
         changed = False
         for eos in eos_strings:
-            if eos and text.endswith(eos):
-                text = text[: -len(eos)].rstrip()
+            if eos and text.endswith(eos, 0, end):
+                end = _rstrip_end(text, end - len(eos))
                 changed = True
-    return text
+    return text[:end]
 
 
 def r1_format_reward(

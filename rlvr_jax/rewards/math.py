@@ -27,18 +27,24 @@ Equivalence (`is_equivalent`), in order:
    (`[1, 2)` is not `(1, 2)`); sets `\\{...\\}`, bare comma lists (`2, -5`) and unions (`\\cup`)
    are compared as multisets.
 4. Single words compare case-insensitively (`\\text{Yes}` == `yes`); `(B)` == `B`.
-5. Anything else is parsed to sympy by `math_verify`. Two closed-form numbers (`\\sqrt{2}/2`,
-   `\\pi`) are evaluated to 30 digits and compared with the rule of step 2; other expressions go
-   to `math_verify.verify` (symbolic simplification). Strings longer than `MAX_SYMPY_CHARS`,
-   nested deeper than `MAX_SYMPY_DEPTH`, with exponent towers (`9^{9^{9^9}}`, `10**10**10`),
-   large literal exponents or chained / large factorials never reach sympy: they are equivalent
-   only when their normalized strings are equal.
+5. Anything else is parsed to sympy by `math_verify`, as LaTeX only (its plain-text extraction
+   would read `7²` or `7 @@@` as 7). Two closed-form numbers (`\\sqrt{2}/2`, `\\pi`) are
+   evaluated to 30 digits and compared with the rule of step 2 (values beyond the range of a
+   float, `e^{9999}`, stay exact enough to compare). A division by zero is never equivalent.
+   Expressions with variables that differ at one of a few fixed positive points are not
+   equivalent; the others go to `math_verify.verify` (symbolic simplification).
+6. An answer that breaks a rule of `sympy_cost_reason` never reaches sympy: it is equivalent only
+   when the normalized strings are equal. The rules bound what sympy would build (towers such as
+   `9^{9^{9^9}}` or `((2^2)^2)^2`, huge exponents, factorials, binomials and Gamma arguments,
+   expansions, degrees, functions of variables, sums, integrals, limits and determinants); no
+   contest answer comes near them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import re
 from fractions import Fraction
 
@@ -46,15 +52,24 @@ from fractions import Fraction
 import math_verify
 import sympy
 
+from rlvr_jax.rewards.math_guard import (
+    _CLOSE,
+    _OPEN,
+    _scan_top,
+    too_costly_for_sympy,
+)
+
 REL_TOL = 1e-9
 MAX_COMPARE_CHARS = 10_000  # longer answers are compared as stripped strings only
 MAX_PARSE_CHARS = 1_000  # longer normalized answers are not parsed as numbers or structures
-MAX_SYMPY_CHARS = 400
-MAX_SYMPY_DEPTH = 24
 MAX_ELEMENTS = 64  # tuples / sets with more elements are compared as strings
 MAX_STRUCT_DEPTH = 6
 _MAX_EXP10 = 400  # |k| in 1e{k} / \times 10^{k} parsed exactly
 _SYMPY_DIGITS = 30
+_PROBE_POINTS = 3
+_PROBE_DIGITS = 15
+_PROBE_TOL = 1e-8
+_PROBE_FLOOR = 1e-6  # values below it compare as equal: a probe proves nothing there
 
 _THINK_CLOSE = "</think>"
 _ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
@@ -241,7 +256,7 @@ def normalize(answer: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class _Number:
-    value: Fraction | complex  # complex only for values sympy evaluated
+    value: Fraction | complex | sympy.Expr  # complex or sympy: values sympy evaluated
     percent: bool
 
 
@@ -299,14 +314,19 @@ def _parse_number(text: str) -> _Number | None:
 
 
 def numbers_close(a: Fraction | complex | float, b: Fraction | complex | float) -> bool:
-    """The numeric rule: integers exactly, anything else within relative tolerance `REL_TOL`."""
+    """The numeric rule: integers exactly, anything else within relative tolerance `REL_TOL`.
+
+    Also takes sympy numbers (values out of the range of a float).
+    """
+    if isinstance(a, sympy.Basic) or isinstance(b, sympy.Basic):
+        a, b = sympy.sympify(a), sympy.sympify(b)  # a Fraction cannot compare with a sympy Float
     if a == b:
         return True
     if isinstance(a, Fraction) and isinstance(b, Fraction):
         if a.denominator == 1 and b.denominator == 1:
             return False
         return abs(a - b) <= Fraction(REL_TOL) * max(abs(a), abs(b))
-    return abs(a - b) <= REL_TOL * max(abs(a), abs(b))
+    return bool(abs(a - b) <= REL_TOL * max(abs(a), abs(b)))
 
 
 def _numbers_equal(pred: _Number, gold: _Number) -> bool:
@@ -321,38 +341,6 @@ def _numbers_equal(pred: _Number, gold: _Number) -> bool:
 
 # ----------------------------------------------------------------------------------------------
 # Structures: tuples, intervals, sets, lists, unions
-
-_OPEN = {"(": ")", "[": "]", "{": "}"}
-_CLOSE = {")": "(", "]": "[", "}": "{"}
-
-
-def _scan_top(s: str) -> tuple[list[int], list[int], int]:
-    """Top-level comma positions, `\\cup` positions and the maximal nesting depth of `s`.
-
-    Returns depth -1 when the brackets of `s` do not balance. Iterative: safe at any depth.
-    """
-    commas: list[int] = []
-    cups: list[int] = []
-    depth = max_depth = 0
-    i, n = 0, len(s)
-    while i < n:
-        c = s[i]
-        if c == "\\" and s.startswith("\\cup", i) and depth == 0:
-            cups.append(i)
-        if c == "\\" and i + 1 < n and s[i + 1] in "{}":
-            c = s[i + 1]
-            i += 1
-        if c in _OPEN:
-            depth += 1
-            max_depth = max(max_depth, depth)
-        elif c in _CLOSE:
-            depth -= 1
-            if depth < 0:
-                return [], [], -1
-        elif c == "," and depth == 0:
-            commas.append(i)
-        i += 1
-    return commas, cups, (max_depth if depth == 0 else -1)
 
 
 def _split_at(s: str, positions: list[int], width: int) -> list[str]:
@@ -446,65 +434,16 @@ def _bag_equal(pred: tuple[str, ...], gold: tuple[str, ...], depth: int) -> bool
     return True
 
 
-# ----------------------------------------------------------------------------------------------
-# Cost guard for sympy
-
-_EXP_TOKEN_RE = re.compile(r"\s*(\d+|[A-Za-z]|\\[A-Za-z]+)")
-_BIG_LITERAL_RE = re.compile(r"(?:\^|\*\*)\s*\{?\s*\(?\s*[+-]?\d{5,}|[eE][+-]?\d{4,}|\d{4,}\s*!")
-
-
-def too_costly_for_sympy(s: str) -> bool:
-    """Whether `s` could make sympy run for long or exhaust memory (towers, huge factorials)."""
-    if len(s) > MAX_SYMPY_CHARS:
-        return True
-    _, _, depth = _scan_top(s)
-    if depth > MAX_SYMPY_DEPTH:
-        return True
-    if s.count("!") >= 2 or re.search(r"[)}\]]\s*!", s) or _BIG_LITERAL_RE.search(s):
-        return True
-    t = s.replace("**", "^")
-    match = _match_braces(t)
-    for m in re.finditer(r"\^", t):
-        j = m.end()
-        while j < len(t) and t[j] == " ":
-            j += 1
-        if j < len(t) and t[j] in "{(":
-            end = match.get(j) if t[j] == "{" else _paren_end(t, j)
-            if end is None:
-                return True
-            exponent, after = t[j + 1 : end], end + 1
-        else:
-            tok = _EXP_TOKEN_RE.match(t, j)
-            if tok is None:
-                continue
-            exponent, after = tok.group(1), tok.end()
-        if "^" in exponent or "!" in exponent:
-            return True
-        if t[after:].lstrip().startswith("^"):
-            return True
-    return False
-
-
-def _paren_end(s: str, start: int) -> int | None:
-    depth = 0
-    for i in range(start, len(s)):
-        if s[i] == "(":
-            depth += 1
-        elif s[i] == ")":
-            depth -= 1
-            if depth == 0:
-                return i
-    return None
-
-
 def _sympy_parse(text: str) -> list:
-    configs = [math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig()]
-    return math_verify.parse(f"${text}$", configs, parsing_timeout=None)
+    # LaTeX only: math_verify's plain-expression extraction takes the first number it finds in
+    # any text, so that `7²`, `7 @@@` or `7 \\ 8` would all read as 7.
+    configs = [math_verify.LatexExtractionConfig()]
+    return math_verify.parse(f"${text.replace('**', '^')}$", configs, parsing_timeout=None)
 
 
 def _sympy_number(parsed: list) -> _Number | None:
     """The value of a closed-form number (`\\sqrt{2}/2`, `\\pi`), None for anything else."""
-    expr = next((e for e in parsed if isinstance(e, sympy.Basic)), None)
+    expr = _first_sympy(parsed)
     if not isinstance(expr, sympy.Expr) or not expr.is_number:
         return None
     expr = expr.doit()
@@ -513,7 +452,15 @@ def _sympy_number(parsed: list) -> _Number | None:
     value = sympy.N(expr, _SYMPY_DIGITS)
     if not value.is_number or value.has(sympy.nan, sympy.zoo, sympy.oo, -sympy.oo):
         return None
-    return _Number(complex(value), False)
+    parts = value.as_real_imag()
+    floats = [float(part) for part in parts]
+    if all(
+        math.isfinite(x) and (x != 0 or part.is_zero) for part, x in zip(parts, floats, strict=True)
+    ):
+        return _Number(complex(*floats), False)
+    # Beyond the range of a float (`e^{9999}`, `e^{-9999}`) a value stays a sympy number: as a
+    # float it would read as inf, which is within any relative tolerance of anything, or as 0.
+    return _Number(value, False)
 
 
 def _sympy_equal(pred: str, gold: str, pred_num: _Number | None, gold_num: _Number | None) -> bool:
@@ -526,9 +473,61 @@ def _sympy_equal(pred: str, gold: str, pred_num: _Number | None, gold_num: _Numb
         return _numbers_equal(pn, gn)
     if pred_num is not None or gold_num is not None:
         return False  # a number against something that is not a number
+    exprs = [_first_sympy(parsed_pred), _first_sympy(parsed_gold)]
+    if any(e is not None and _divides_by_zero(e) for e in exprs):
+        return False  # never an answer, and the probe below cannot evaluate it
+    if _differ_at_a_point(*(e if isinstance(e, sympy.Expr) else None for e in exprs)):
+        return False
     return bool(
         math_verify.verify(parsed_gold, parsed_pred, float_rounding=10, timeout_seconds=None)
     )
+
+
+def _divides_by_zero(expr: sympy.Basic) -> bool:
+    if expr.has(sympy.zoo, sympy.nan):
+        return True
+    return any(p.base.is_zero and p.exp.is_negative for p in expr.atoms(sympy.Pow))
+
+
+def _first_sympy(parsed: list) -> sympy.Basic | None:
+    return next((e for e in parsed if isinstance(e, sympy.Basic)), None)
+
+
+def _value_at(expr: sympy.Expr, point: dict) -> sympy.Expr | None:
+    # A sympy number, not a float: values beyond 1e308 (`(x+218)!`) still compare.
+    try:
+        value = sympy.N(expr, _PROBE_DIGITS, subs=point)
+    except Exception:  # sympy raises anything on odd input
+        return None
+    if not value.is_number or value.has(sympy.nan, sympy.zoo, sympy.oo, -sympy.oo):
+        return None
+    return value
+
+
+def _differ_at_a_point(a: sympy.Expr | None, b: sympy.Expr | None) -> bool:
+    """Whether `a` and `b` take different values at one of a few fixed positive points.
+
+    Proves in milliseconds what `simplify(a - b)` (math_verify) would take seconds to fail to
+    prove, or would not end on; an undefined or tiny value proves nothing. Positive points keep
+    it sound for identities that hold for real variables (such as `\\sqrt{x^2} = |x|`).
+    """
+    if a is None or b is None:
+        return False
+    symbols = sorted(a.free_symbols | b.free_symbols, key=str)
+    if not symbols:
+        return False
+    for k in range(_PROBE_POINTS):
+        point = {s: sympy.Rational(17 + 7 * j + 11 * k, 13 + 5 * j) for j, s in enumerate(symbols)}
+        va, vb = _value_at(a, point), _value_at(b, point)
+        if va is None or vb is None:
+            continue
+        try:
+            scale = max(abs(va), abs(vb), sympy.Float(_PROBE_FLOOR))
+            if bool(abs(va - vb) > _PROBE_TOL * scale):
+                return True
+        except TypeError:  # a value sympy cannot order
+            continue
+    return False
 
 
 # ----------------------------------------------------------------------------------------------

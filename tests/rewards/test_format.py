@@ -1,5 +1,8 @@
 """Format rewards: the R1 template and language consistency."""
 
+import random
+import time
+
 import pytest
 
 from rlvr_jax.rewards import format as fmt
@@ -94,3 +97,92 @@ def test_language_consistency_on_hostile_text():
     text = "$$ \\( \\[ $" * 100_000 + "abc"
     assert fmt.language_consistency("hello", text) == 1.0
     assert fmt.language_consistency("hello", "$x$" * 300_000 + "я") == 0.0
+
+
+def _strip_eos_by_slicing(text, eos_strings=fmt.EOS_STRINGS):
+    """The definition `strip_eos` keeps: slice one end string at a time (quadratic)."""
+    text = text.rstrip()
+    changed = True
+    while changed:
+        changed = False
+        for eos in eos_strings:
+            if eos and text.endswith(eos):
+                text = text[: -len(eos)].rstrip()
+                changed = True
+    return text
+
+
+STRIP_CASES = [
+    (GOOD + "<|im_end|>", fmt.EOS_STRINGS, GOOD),
+    (GOOD + " <|im_end|>\n<|endoftext|> </s>\t", fmt.EOS_STRINGS, GOOD),
+    ("<|im_end|>", fmt.EOS_STRINGS, ""),
+    ("  \n ", fmt.EOS_STRINGS, ""),
+    ("x<|im_end", fmt.EOS_STRINGS, "x<|im_end"),
+    ("<|im_end|> x", fmt.EOS_STRINGS, "<|im_end|> x"),
+    ("aab b", ("b", "ab"), "a"),  # the order of the end strings decides which one is cut
+    ("aab b", ("ab", "b"), "a"),
+    ("xab", ("", "b"), "xa"),  # an empty end string is ignored
+]
+
+
+@pytest.mark.parametrize(("text", "eos_strings", "expected"), STRIP_CASES)
+def test_strip_eos(text, eos_strings, expected):
+    assert fmt.strip_eos(text, eos_strings) == expected
+    assert _strip_eos_by_slicing(text, eos_strings) == expected
+
+
+def test_strip_eos_equals_slicing_on_random_text():
+    rng = random.Random(0)
+    pieces = ["a", "b", " ", "\n", "<", "|", ">", "</s>", "<|im_end|>", "<|eot_id|>", "s>"]
+    eos_sets = [fmt.EOS_STRINGS, ("b", "ab"), ("ab", "b"), ("</s>", "s>", " s"), ("a",)]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        eos_strings = rng.choice(eos_sets)
+        assert fmt.strip_eos(text, eos_strings) == _strip_eos_by_slicing(text, eos_strings), (
+            text,
+            eos_strings,
+        )
+
+
+MB = 1_000_000
+# A 1 MB answer per shape a model can emit; each helper must stay linear in its length.
+LONG_ANSWERS = {
+    "end tokens": GOOD + "<|im_end|>" * (MB // 10),
+    "end tokens and newlines": GOOD + "<|im_end|>\n" * (MB // 11),
+    "mixed end tokens": GOOD + "</s><|endoftext|><|eot_id|>" * (MB // 27),
+    "trailing spaces": GOOD + " " * MB,
+    "spaces then an end token": GOOD + " " * MB + "<|im_end|>",
+    "tags": "<think></think><answer>" * (MB // 23),
+    "letters": "a" * MB,
+    "han": "中" * MB,
+    "inline math": "$x$" * (MB // 3),
+    "unclosed math": "$$ \\( \\[ $" * (MB // 10),
+    "commands": "\\frac" * (MB // 5),
+}
+HELPERS = {
+    "strip_eos": fmt.strip_eos,
+    "r1_format_reward": fmt.r1_format_reward,
+    "dominant_script": fmt.dominant_script,
+    "language_consistency": lambda text: fmt.language_consistency("What is 2+2?", text),
+}
+
+
+@pytest.mark.parametrize("helper", list(HELPERS))
+@pytest.mark.parametrize("shape", list(LONG_ANSWERS))
+def test_helpers_are_linear_on_a_1mb_answer(shape, helper):
+    # A bound far above the linear time (0.1 s or less here) that a quadratic scan would break.
+    text = LONG_ANSWERS[shape]
+    start = time.perf_counter()
+    HELPERS[helper](text)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 2.0, f"{helper} on {shape}: {elapsed:.2f} s"
+
+
+def test_long_answers_keep_their_rewards():
+    for shape in ("end tokens", "end tokens and newlines", "mixed end tokens"):
+        assert fmt.strip_eos(LONG_ANSWERS[shape]) == GOOD
+        assert fmt.r1_format_reward(LONG_ANSWERS[shape]) == 1.0
+    assert fmt.r1_format_reward(LONG_ANSWERS["spaces then an end token"]) == 1.0
+    assert fmt.r1_format_reward(LONG_ANSWERS["tags"]) == 0.0
+    assert fmt.dominant_script(LONG_ANSWERS["han"]) == "CJK"
+    assert fmt.language_consistency("What is 2+2?", LONG_ANSWERS["inline math"]) == 1.0

@@ -1,12 +1,15 @@
 """Math verifier: answer extraction, equivalence both ways, hostile inputs under a deadline."""
 
+import json
 import time
 from fractions import Fraction
 
 import pytest
 
 from rlvr_jax.rewards import math as math_reward
+from rlvr_jax.rewards import math_guard
 from rlvr_jax.rewards.pool import VerifierPool
+from tests.shared_data import DATA, needs_shared_data
 
 # (pred, gold): each pair is equivalent, checked in both directions.
 EQUIVALENT = [
@@ -68,6 +71,21 @@ EQUIVALENT = [
     ("\\text{Yes}", "yes"),
     ("(B)", "B"),
     ("\\textbf{(C)}", "C"),
+    ("\\frac 59", "5/9"),
+    ("x**2+1", "x^2+1"),
+    ("5!", "120"),
+    ("\\binom{10}{3}", "120"),
+    ("2^{2023}", "2^{2022}\\cdot 2"),
+    ("10^{400}\\pi", "\\pi 10^{400}"),  # beyond the range of a float, still compared
+    ("e^{9999}", "e^{9998}e"),
+    ("\\frac{(2n)!}{n!(n+1)!}", "\\frac{1}{n+1}\\binom{2n}{n}"),
+    ("(x+1)^{32}", "(1+x)^{32}"),
+    ("\\sqrt{x^2}", "|x|"),
+    ("\\cos^2 x - \\sin^2 x", "\\cos(2x)"),
+    ("e^{x}e^{y}", "e^{x+y}"),
+    ("\\frac{x^2-1}{x-1}", "x+1"),
+    ("\\log_2 8x", "3+\\log_2 x"),
+    ("x^{0.5}", "\\sqrt{x}"),
 ]
 
 # (pred, gold): never equivalent, in either direction.
@@ -100,6 +118,23 @@ DIFFERENT = [
     ("A", "B"),
     ("\\text{yes}", "no"),
     ("", "5"),
+    # Text that only starts like the answer: math_verify's plain-text extraction read these as 7.
+    ("7²", "7"),
+    ("7\u200b8", "7"),
+    ("7 @@@", "7"),
+    ("7 \\\\ 8", "7"),
+    ("7^", "7"),
+    # Values beyond the range of a float: as floats they read as inf (close to anything) or 0.
+    ("e^{9999}", "7"),
+    ("e^{9999}", "e^{9998}"),
+    ("e^{-9999}", "0"),
+    ("(1+\\sqrt{2})^{9999}", "7"),
+    ("\\frac{1}{0}", "\\infty"),
+    ("x \\cdot 0^{-1}", "x"),
+    # Expressions that differ at a probe point, with no simplification.
+    ("(x+1)^{30}", "(x+1)^{29}(x+1.000001)"),
+    ("(x+218)!", "x+1"),
+    ("\\sin x", "\\cos x"),
 ]
 
 
@@ -176,6 +211,100 @@ def test_extract_is_linear_on_hostile_text():
     assert math_reward.extract_answer("<answer>" * 100_000 + "</answer>") is None
     assert math_reward.extract_answer("{" * 500_000 + "\\boxed{1}" + "}" * 10) == "1"
     assert math_reward.extract_answer("x" * 1_000_000 + "\\boxed{7}") == "7"
+
+
+# (answer, words of the rule that rejects it, or None when sympy may have it): each limit from
+# both sides.
+COST_RULES = [
+    ("x^2+2x+1", None),
+    ("\\frac{\\sqrt{6}+\\sqrt{2}}{4}", None),
+    ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", None),
+    ("\\frac 59", None),
+    ("1" * 400, None),
+    ("1" * 401, "characters"),
+    ("+".join("a" * 40), None),
+    ("+".join("a" * 41), "more than 80 tokens"),
+    ("(" * 24 + "1" + ")" * 24, None),
+    ("(" * 25 + "1" + ")" * 25, "nested"),
+    ("(1+2", "unbalanced"),
+    ("9^{9999}", None),
+    ("9^{10001}", "exponent above 10000"),
+    ("2^{-10000}", None),
+    ("9^{9^{9}}", "tower"),
+    ("9^9^9", "tower"),
+    ("(x^2+1)^2", None),
+    ("(2^3)^2", "power of a power"),
+    ("((x^2+1)^2+1)^2", "power of a power"),
+    ("e^{x^2}", "tower"),
+    ("\\exp(\\exp(1))", "tower"),
+    ("10000!", None),
+    ("10001!", "argument above 10000"),
+    ("(3!)!", "factorial, binomial or Gamma of a power or factorial"),
+    ("\\binom{10000}{5000}", None),
+    ("\\binom{10001}{5000}", "argument above 10000"),
+    ("\\Gamma(10001)", "argument above 10000"),
+    ("\\binom{x}{32}", None),
+    ("\\binom{x}{33}", "degree above 32"),
+    ("\\binom{\\sqrt{2}}{32}", None),
+    ("\\binom{\\sqrt{2}}{4257}", "binomial of a non-integer"),
+    ("(x+1)^{63}+1", "degree above 32"),
+    ("(x+y)^{32}", None),
+    ("(x+y+z)^{9}", None),
+    ("(x+y+z)^{10}", "more than 64 terms"),
+    ("(a+b)(c+d)(e+f)(g+h)(i+j)(k+l)", None),
+    ("(a+b)(c+d)(e+f)(g+h)(i+j)(k+l)(m+n)", "more than 64 terms"),
+    ("\\cdot".join(["9^{9999}"] * 10), None),
+    ("\\cdot".join(["9^{9999}"] * 11), "digits"),
+    ("x^2" * 16, None),
+    ("x^2" * 17, "more than 16 powers"),
+    ("\\sin(10^{300})", None),
+    ("\\sin(10^{301})", "function next to a number of more than 300 digits"),
+    ("\\cos(x)^{3}9^{944}", "function next to a number of more than 300 digits"),
+    ("\\sqrt{8173 \\cdot 9^{8442}-18}", "function next to a number of more than 300 digits"),
+    ("|9^{999}+1|^{999}", "power of a power"),
+    ("|a+b+c+d|^{30}", "more than 64 terms"),
+    ("\\sin x+\\cos y+\\log z", None),
+    ("\\sin x+\\cos y+\\log z+\\sqrt{x}", "functions"),
+    ("+".join(f"\\sqrt{{{k}}}" for k in range(2, 14)), None),
+    ("+".join(f"\\sqrt{{{k}}}" for k in range(2, 15)), "more than 12 functions"),
+    ("\\sum_{k=1}^{n} k", "never a final answer"),
+    ("\\int_0^1 x\\,dx", "never a final answer"),
+    ("\\begin{vmatrix} a & b \\\\ c & d \\end{vmatrix}", "determinant"),
+    ("\\begin{pmatrix} a & b \\\\ c & d \\end{pmatrix}^{2}", "power of a matrix"),
+    ("1e5+1", "scientific notation"),
+    ("7 \\\\ 8", "line break"),
+    ("7^", "without its operand"),
+    ("7²", "character"),
+]
+
+
+@pytest.mark.parametrize(("answer", "rule"), COST_RULES)
+def test_sympy_cost_rules(answer, rule):
+    reason = math_guard.sympy_cost_reason(answer)
+    if rule is None:
+        assert reason is None, (answer, reason)
+    else:
+        assert reason is not None and rule in reason, (answer, reason)
+    assert math_reward.too_costly_for_sympy(answer) == (rule is not None)
+
+
+@needs_shared_data
+def test_no_contest_answer_breaks_a_cost_rule():
+    golds = []
+    for name in ("math500", "aime", "amc"):
+        with open(DATA / name / "test.jsonl") as f:
+            golds += [str(json.loads(line)["answer"]) for line in f]
+    assert len(golds) > 500
+    broken = [(g, math_guard.sympy_cost_reason(math_reward.normalize(g))) for g in golds]
+    assert [b for b in broken if b[1] is not None] == []
+
+
+def test_sympy_numbers_beyond_floats_compare():
+    big = math_reward._sympy_number(math_reward._sympy_parse("e^{9999}"))
+    assert not math_reward.numbers_close(big.value, Fraction(7))
+    assert not math_reward.numbers_close(Fraction(7), big.value)
+    assert math_reward.numbers_close(big.value, big.value * (1 + 1e-12))
+    assert not math_reward.numbers_close(big.value, big.value * (1 + 1e-6))
 
 
 DEADLINE_S = 2.0
