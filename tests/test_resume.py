@@ -3,6 +3,7 @@ settings.json alone; a termination signal during start-up ends the run with a me
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,20 +19,33 @@ from tests.test_main import REPO, TINY
 
 
 def _settings(**overrides):
-    base = dict(train__steps=2, train__use_tensorboard=False, train__log_every=1)
+    base = dict(
+        train__steps=4,
+        train__use_tensorboard=False,
+        train__log_every=1,
+        train__checkpoint_every=1,
+        train__keep_checkpoints=5,
+    )
     return settings_lib.settings_from_config(_tiny(**{**base, **overrides}))
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("run")
+def base_run(tmp_path_factory):
+    """One finished 4-step run with a checkpoint at every step; tests resume copies of it."""
+    workdir = tmp_path_factory.mktemp("base")
     rl_stage.run(_settings(), workdir, log=lambda _: None)
     return workdir
 
 
+@pytest.fixture
+def finished(base_run, tmp_path):
+    shutil.copytree(base_run, tmp_path / "run")
+    return tmp_path / "run"
+
+
 def test_a_changed_group_size_is_refused_naming_both_values(finished):
     before = (finished / settings_lib.SETTINGS_FILE).read_text()
-    changed = _settings(train__steps=3, **{"rl__group_size": 2})
+    changed = _settings(train__steps=5, **{"rl__group_size": 2})
     with pytest.raises(ConfigError) as e:
         rl_stage.run(changed, finished, log=lambda _: None)
     message = str(e.value)
@@ -41,14 +55,14 @@ def test_a_changed_group_size_is_refused_naming_both_values(finished):
 
 
 def test_every_changed_field_is_listed(finished):
-    changed = _settings(train__steps=3, data__seed=5, optim__b1=0.5)
+    changed = _settings(train__steps=5, data__seed=5, optim__b1=0.5)
     with pytest.raises(ConfigError) as e:
         rl_stage.run(changed, finished, log=lambda _: None)
     assert "data.seed: 0 in the checkpoint, 5 now" in str(e.value)
     assert "optim.b1: 0.9 in the checkpoint, 0.5 now" in str(e.value)
 
 
-def test_free_settings_change_without_a_flag(finished, tmp_path):
+def test_free_settings_change_without_a_flag():
     diffs = settings_lib.resume_differences(
         settings_lib.plain_settings(_settings()),
         _settings(train__steps=9, train__checkpoint_every=3, eval__batch_prompts=16),
@@ -56,18 +70,17 @@ def test_free_settings_change_without_a_flag(finished, tmp_path):
     assert diffs == []
 
 
-def test_a_deliberate_change_is_accepted_and_logged(tmp_path):
-    rl_stage.run(_settings(), tmp_path, log=lambda _: None)
+def test_a_deliberate_change_is_accepted_and_logged(finished):
     lines = []
     out = rl_stage.run(
-        _settings(train__steps=3, optim__learning_rate=1e-3),
-        tmp_path,
+        _settings(train__steps=5, optim__learning_rate=1e-3),
+        finished,
         log=lines.append,
         allow_changed_settings=True,
     )
-    assert out["steps"] == 3 and out["resumed_from"] == 2
+    assert out["steps"] == 5 and out["resumed_from"] == 4
     assert any("optim.learning_rate: 0.003 in the checkpoint, 0.001 now" in x for x in lines)
-    saved = json.loads((tmp_path / settings_lib.SETTINGS_FILE).read_text())
+    saved = json.loads((finished / settings_lib.SETTINGS_FILE).read_text())
     assert saved["optim"]["learning_rate"] == 1e-3  # the settings the run now continues with
 
 
@@ -99,22 +112,17 @@ def _step_rows(workdir):
     return [r["step"] for r in rows if r["record"] == "step"]
 
 
-def test_resume_from_an_explicit_step_drops_what_came_after(tmp_path):
-    settings = _settings(train__steps=4, train__checkpoint_every=1, train__keep_checkpoints=5)
-    rl_stage.run(settings, tmp_path, log=lambda _: None)
+def test_resume_from_an_explicit_step_drops_what_came_after(finished):
     lines = []
-    out = rl_stage.run(settings, tmp_path, log=lines.append, resume_step=2)
+    out = rl_stage.run(_settings(), finished, log=lines.append, resume_step=2)
     assert out["resumed_from"] == 2 and out["steps"] == 4
     assert any("removed checkpoints [3, 4]" in x for x in lines)
-    assert _step_rows(tmp_path) == [1, 2, 3, 4]
+    assert _step_rows(finished) == [1, 2, 3, 4]
 
 
-def test_an_unreadable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
-    settings = _settings(train__steps=3, train__checkpoint_every=1, train__keep_checkpoints=5)
-    rl_stage.run(settings, tmp_path, log=lambda _: None)
-    (tmp_path / "checkpoints" / "3" / "meta" / "metadata").write_text("{not json")
-    lines = []
-    out = rl_stage.run(_settings(train__steps=4, train__checkpoint_every=1), tmp_path, lines.append)
-    assert out["resumed_from"] == 2 and out["steps"] == 4
-    assert "checkpoint step 3 is unreadable" in caplog.text
-    assert _step_rows(tmp_path) == [1, 2, 3, 4]
+def test_an_unreadable_latest_checkpoint_falls_back_to_the_previous_one(finished, caplog):
+    (finished / "checkpoints" / "4" / "meta" / "metadata").write_text("{not json")
+    out = rl_stage.run(_settings(train__steps=5), finished, log=lambda _: None)
+    assert out["resumed_from"] == 3 and out["steps"] == 5
+    assert "checkpoint step 4 is unreadable" in caplog.text
+    assert _step_rows(finished) == [1, 2, 3, 4, 5]
