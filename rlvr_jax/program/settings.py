@@ -102,8 +102,9 @@ class TrainSettings:
     log_every, eval_every, checkpoint_every: intervals in steps (0 disables periodic ones;
       evaluation also runs before the first and after the last step, a checkpoint at the end).
     keep_checkpoints: how many to keep.
-    stage: "rl" (this module's `run`) or "sft" (supervised fine-tuning on demonstrations,
-      `sft.run`); `main` dispatches on it. Both stages count `steps` in optimizer updates.
+    stage: "rl" (`program.rl_stage`) or "sft" (supervised fine-tuning on demonstrations,
+      `program.sft_stage`); `program.stages.run` dispatches on it. Both stages count `steps`
+      in optimizer updates.
     """
 
     stage: Literal["rl", "sft"] = "rl"
