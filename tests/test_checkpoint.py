@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import transformer as tf
 from rlvr_jax.program import checkpoint as ckpt_lib
+from rlvr_jax.program import preemption
 from rlvr_jax.rl import state as state_lib
 
 
@@ -446,7 +447,7 @@ def test_restore_follows_the_target_sharding(tmp_path, saved):
 
 def test_preemption_guard_catches_sigterm_and_restores_handler():
     before = signal.getsignal(signal.SIGTERM)
-    with ckpt_lib.PreemptionGuard() as guard:
+    with preemption.PreemptionGuard() as guard:
         assert not guard.requested and not guard.should_stop()
         assert signal.getsignal(signal.SIGTERM) != before
         os.kill(os.getpid(), signal.SIGTERM)

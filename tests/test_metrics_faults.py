@@ -15,8 +15,8 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 from rlvr_jax.program import checkpoint as ckpt_lib
+from rlvr_jax.program import event_files, rl_stage
 from rlvr_jax.program import metrics as metrics_lib
-from rlvr_jax.program import rl_stage
 from rlvr_jax.program import settings as settings_lib
 
 # Every fault below must surface well within this; it only keeps a regression (a write that
@@ -71,13 +71,13 @@ class _Faulty:
 
 def _inject(monkeypatch, which, armed, **kwargs):
     """Files opened for appending whose path satisfies `which` become `_Faulty`."""
-    real = metrics_lib._open_append
+    real = event_files.open_append
 
     def opener(path):
         f = real(path)
         return _Faulty(f, armed, **kwargs) if which(Path(path)) else f
 
-    monkeypatch.setattr(metrics_lib, "_open_append", opener)
+    monkeypatch.setattr(event_files, "open_append", opener)
 
 
 def _is_ledger(path):
@@ -171,7 +171,7 @@ def test_a_read_only_workdir_fails_at_open_naming_the_file(tmp_path, monkeypatch
     def opener(path):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
 
-    monkeypatch.setattr(metrics_lib, "_open_append", opener)
+    monkeypatch.setattr(event_files, "open_append", opener)
     err = _within(lambda: _writer(tmp_path, use_tensorboard=False))
     path = tmp_path / "metrics.jsonl"
     assert str(err) == f"metrics: cannot open {path} for appending: {EROFS}"

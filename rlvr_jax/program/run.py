@@ -33,6 +33,7 @@ from rlvr_jax.data import curriculum as curriculum_lib
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.program import checkpoint as ckpt_lib
 from rlvr_jax.program import metrics as metrics_lib
+from rlvr_jax.program import preemption
 from rlvr_jax.program.settings import Settings, plain_settings, resume_differences, save_settings
 from rlvr_jax.rl.state import TrainState
 
@@ -200,7 +201,7 @@ def run_stage(
         ref_source=stage.ref_source,
     )
     evaluate = stage.evaluate
-    guard = ckpt_lib.PreemptionGuard()
+    guard = preemption.PreemptionGuard()
     writer = None
     try:
         state, host, start_step, writer = _resume(
