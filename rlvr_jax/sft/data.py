@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlvr_jax.data import datasets, templates
+from rlvr_jax.data import datasets, jsonl, templates
 from rlvr_jax.data.datasets import LoadReport, MalformedRowError
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
@@ -101,7 +101,7 @@ def load_demonstrations(
         raise FileNotFoundError(f"demonstrations file {str(path)!r} does not exist")
     fields = (prompt_field, response_field) if prompt_field else None
     return datasets._collect(  # noqa: SLF001 (the loaders' shared row counting)
-        datasets._jsonl_rows(path),  # noqa: SLF001
+        jsonl.read_rows(path),  # noqa: SLF001
         lambda line, row: _demonstration(row, path.stem, line - 1, fields),
         str(path),
         exclude_multiple_choice=False,

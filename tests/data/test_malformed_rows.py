@@ -14,6 +14,7 @@ import pytest
 
 from rlvr_jax import sft
 from rlvr_jax.data import datasets as ds
+from rlvr_jax.data import jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -54,8 +55,8 @@ def test_every_kind_of_bad_line_is_counted_with_its_line(tmp_path):
         _row(LATEX, "\\frac{1}{2}"),  # 14
         _row('"[[[[' * 300 + "\\", "4"),  # 15: quotes, brackets, backslashes in a string
         b'{"problem": "\\ud83d\\ude00 pair", "answer": "5"}',  # 16: a paired escape is text
-        _nested(ds._MAX_DEPTH),  # 17: at the limit
-        _nested(ds._MAX_DEPTH + 1),  # 18: over it
+        _nested(jsonl.MAX_DEPTH),  # 17: at the limit
+        _nested(jsonl.MAX_DEPTH + 1),  # 18: over it
         b"null",  # 19
         b'\xff\xfe{"problem": "q", "answer": "1"}',  # 20
         _row("good last", "6"),  # 21
@@ -121,7 +122,7 @@ def test_deep_line_is_refused_before_parsing(tmp_path):
 
 
 def test_recursion_error_is_a_skip_when_the_scan_lets_a_line_through(tmp_path, monkeypatch):
-    monkeypatch.setattr(ds, "_MAX_DEPTH", 10**9)
+    monkeypatch.setattr(jsonl, "MAX_DEPTH", 10**9)
     path = _write_bytes(tmp_path / "deep.jsonl", [DEEP, _row("ok")])
     examples, report = ds.load_jsonl("amc", path)
     assert len(examples) == 1 and report.first_lines == {"too_deep": (1,)}
@@ -155,7 +156,7 @@ def test_nesting_depth_matches_the_parsed_value(ensure_ascii):
     for _ in range(300):
         value = _random_value(rng, 0)
         text = json.dumps(value, ensure_ascii=ensure_ascii).encode()
-        assert ds._nesting_depth(text) == _depth(value), text
+        assert jsonl.nesting_depth(text) == _depth(value), text
 
 
 @pytest.mark.parametrize(
@@ -170,7 +171,7 @@ def test_nesting_depth_matches_the_parsed_value(ensure_ascii):
     ],
 )
 def test_nesting_depth_table(line, depth):
-    assert ds._nesting_depth(line) == depth
+    assert jsonl.nesting_depth(line) == depth
 
 
 def test_long_lines_are_skipped_unheld_and_later_lines_keep_their_numbers(tmp_path):
@@ -178,7 +179,7 @@ def test_long_lines_are_skipped_unheld_and_later_lines_keep_their_numbers(tmp_pa
         tmp_path / "long.jsonl",
         [_row("a" * 200), _row("ok"), b"x" * 70_000, _row("b" * 60), _row("end")],
     )
-    rows = list(ds._jsonl_rows(path, max_line_bytes=100))
+    rows = list(jsonl.read_rows(path, max_line_bytes=100))
     assert [n for n, _ in rows] == [1, 2, 3, 4, 5]
     assert [r.reason for _, r in rows if isinstance(r, ds.MalformedRowError)] == [
         "line_too_long",
@@ -188,7 +189,7 @@ def test_long_lines_are_skipped_unheld_and_later_lines_keep_their_numbers(tmp_pa
     # A line of exactly the limit is read; one byte more is not.
     exact = _row("q" * (100 - len(_row(""))))
     path = _write_bytes(tmp_path / "edge.jsonl", [exact, exact + b" "])
-    rows = list(ds._jsonl_rows(path, max_line_bytes=100))
+    rows = list(jsonl.read_rows(path, max_line_bytes=100))
     assert isinstance(rows[0][1], dict) and rows[1][1].reason == "line_too_long"
 
 
