@@ -58,6 +58,9 @@ BAD = [
     ("rl__group_size", 0, "group_size"),
     ("rl.sampler__max_new_tokens", 0, "max_new_tokens=0 must be at least 1"),
     ("sft__batch_size", -1, "batch_size=-1"),
+    ("rl__num_microbatches", "many", "rl.num_microbatches='many'"),
+    ("rl__num_microbatches", 0, "num_microbatches=0 must be at least 1"),
+    ("rl__memory_budget_gib", -1.0, "memory_budget_gib=-1.0 must be >= 0"),
 ]
 
 
@@ -69,6 +72,12 @@ def test_a_bad_setting_fails_naming_the_field(field, value, message):
 
 def test_the_tiny_config_itself_is_accepted():
     settings_lib.settings_from_config(_tiny())
+
+
+def test_microbatches_take_a_number_or_auto():
+    s = settings_lib.settings_from_config(_tiny(rl__num_microbatches="auto"))
+    assert s.rl.num_microbatches == "auto" and s.rl.auto_microbatches
+    assert settings_lib.settings_from_config(_tiny(rl__num_microbatches=4)).rl.num_microbatches == 4
 
 
 def test_non_finite_losses_and_norms_are_found():

@@ -13,6 +13,7 @@ on the task, not on the loop:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,6 +38,7 @@ from rlvr_jax.program.evaluation import heldout_evaluator
 from rlvr_jax.program.run import Stage, run_stage
 from rlvr_jax.program.settings import Settings
 from rlvr_jax.rl import dynamic_sampling, sharding_plan
+from rlvr_jax.rl import memory as memory_lib
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
 from rlvr_jax.rl.state import TrainState
@@ -157,6 +159,52 @@ def build_rl_step(
     return step
 
 
+def resolve_microbatches(
+    s: Settings,
+    model_cfg: ModelConfig,
+    task: Task,
+    state: TrainState,
+    batch: ts.Batch,
+    plan: sharding_plan.StepShardings,
+    log: Callable[[str], None] = print,
+) -> Settings:
+    """`s` with `rl.num_microbatches="auto"` replaced by the fewest microbatches whose step
+    program fits the device's memory (`rl.memory`), compiled on the shapes of `state` and
+    `batch` (nothing runs); other settings come back unchanged.
+
+    The program measured is the one the stage runs: the whole fused step for an in-graph
+    verifier, the update otherwise (the rollout does not depend on the microbatch count).
+    """
+    if not s.rl.auto_microbatches:
+        return s
+    optimizer = state_lib.make_optimizer(s.optim)
+    schedule = state_lib.learning_rate_schedule(s.optim)
+    fused = task.jax_parts is not None and not s.data.dynamic_sampling
+
+    def measure(rl) -> memory_lib.ProgramMemory:
+        if fused:
+            reward_fn = jax_reward_fn(task, s.reward, rl.group_size)
+            step = ts.build_train_step(model_cfg, rl, optimizer, schedule, reward_fn, plan)
+            return memory_lib.program_memory(step.lower(state, batch).compile())
+        key = jax.random.key(0)
+        rollout = jax.eval_shape(ts.build_rollout(model_cfg, rl, plan), state.params, batch, key)
+        rep = plan.replicated
+        abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep)  # noqa: E731
+        rows = jax.ShapeDtypeStruct(batch.prompt_lengths_N.shape, jnp.float32, sharding=rep)
+        update = ts.build_update(model_cfg, rl, optimizer, schedule, plan)
+        lowered = update.lower(state, jax.tree.map(abstract, rollout), rows, {"correct": rows})
+        return memory_lib.program_memory(lowered.compile())
+
+    try:
+        choice = memory_lib.fewest_microbatches(
+            s.rl, batch.prompt_NP.shape[0], measure, memory_lib.memory_budget(s.rl)
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    log(choice.summary())
+    return dataclasses.replace(s, rl=dataclasses.replace(s.rl, num_microbatches=choice.count))
+
+
 def run(
     settings: Settings,
     workdir: str | Path,
@@ -200,12 +248,18 @@ def run(
     state = sharding.place(state, plan.state)
     all_examples = [*enc_train.examples, *enc_eval.examples]
     with build_task(s.reward, tok, model_cfg.vocab_size, all_examples, s.data.template) as task:
+        # Measured at the longest prompt bucket: the most memory any step can need.
+        B, G, longest = s.train.batch_prompts, s.rl.group_size, (max(s.data.buckets),)
+        first = make_batch(enc_train.ids[:B], enc_train.examples[:B], G, longest, tok.pad_id, task)
+        step_s = resolve_microbatches(
+            s, model_cfg, task, state, sharding.place(first, plan.rows), plan, log
+        )
         stage = Stage(
             name="RL",
             steps=s.train.steps,
             state=state,
             sampler=sampler,
-            step=build_rl_step(s, model_cfg, task, sampler, enc_train, plan, tok.pad_id),
+            step=build_rl_step(step_s, model_cfg, task, sampler, enc_train, plan, tok.pad_id),
             evaluate=heldout_evaluator(model_cfg, s, task, tok, enc_eval.ids, enc_eval.examples),
             ref_source=None if s.model.source.startswith("random:") else s.model.source,
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -243,6 +244,9 @@ def _default_dict(cls: type) -> ml_collections.ConfigDict:
             inner = typing.get_args(args[0]) if args else ()
             kind = str if typing.get_origin(args[0]) is typing.Literal else args[0]
             out[f.name] = ml_collections.config_dict.placeholder(kind if not inner else str)
+        elif typing.get_origin(hint) in (typing.Union, types.UnionType):
+            # A number or a word (`rl.num_microbatches`: 4 or "auto"): the field takes either.
+            out[f.name] = ml_collections.FieldReference(value, field_type=object)
         else:
             out[f.name] = value
     return out

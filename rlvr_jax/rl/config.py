@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from rlvr_jax import sampling
 from rlvr_jax.rl import advantages as adv_lib
@@ -18,7 +19,11 @@ class RLConfig:
       mu: passes over each rollout batch (GRPO's mu; 1 is on-policy).
       num_minibatches: optimizer updates per pass; the N rows are shuffled and split evenly.
       num_microbatches: gradient-accumulation chunks per minibatch (memory only: the result is
-        the same as one chunk, in every aggregation mode).
+        the same as one chunk, in every aggregation mode). "auto": before the first step the
+        program compiles the step on abstract shapes for each candidate count and keeps the
+        fewest whose memory fits the device (`rl.memory`); `resolved` replaces it by a number.
+      memory_budget_gib: the per-device memory "auto" may fill; 0 uses the limit the device
+        reports (GPU, TPU), which a CPU does not, so there it must be set.
       temperature, top_p, min_p: sampling values; log-probs for the loss use the same
         temperature so that ratios compare like with like.
       logprob_chunk: time steps per chunk of the log-prob computation (vocab-sized logits of only
@@ -47,7 +52,8 @@ class RLConfig:
     loss: losses.LossConfig = losses.LossConfig()
     mu: int = 1
     num_minibatches: int = 1
-    num_microbatches: int = 1
+    num_microbatches: int | Literal["auto"] = 1
+    memory_budget_gib: float = 0.0
     temperature: float = 1.0
     top_p: float = 1.0
     min_p: float = 0.0
@@ -58,8 +64,13 @@ class RLConfig:
 
     def __post_init__(self):
         for name in ("group_size", "mu", "num_minibatches", "num_microbatches", "logprob_chunk"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"rl.{name}={getattr(self, name)} must be at least 1")
+            value = getattr(self, name)
+            if name == "num_microbatches" and value == "auto":
+                continue
+            if isinstance(value, str) or value < 1:
+                raise ValueError(f"rl.{name}={value!r} must be at least 1")
+        if not self.memory_budget_gib >= 0:
+            raise ValueError(f"rl.memory_budget_gib={self.memory_budget_gib} must be >= 0")
         if self.group_size < 2 and self.advantage.estimator in ("grpo", "dr_grpo", "rloo"):
             raise ValueError(
                 f"rl.group_size={self.group_size} with advantage estimator "
@@ -79,6 +90,11 @@ class RLConfig:
             )
 
     @property
+    def auto_microbatches(self) -> bool:
+        """Whether `num_microbatches` is still "auto" (see `rl.memory.fewest_microbatches`)."""
+        return self.num_microbatches == "auto"
+
+    @property
     def on_policy(self) -> bool:
         """One update per rollout: old log-probs equal the current ones (no extra forward)."""
         return self.mu * self.num_minibatches == 1
@@ -86,14 +102,24 @@ class RLConfig:
     def microbatches_hold_groups(self, num_rows: int) -> bool:
         """Whether each microbatch of the policy loss holds whole groups in order: rows are not
         shuffled (one minibatch) and a microbatch is a whole number of groups."""
-        micro_rows = num_rows // (self.num_minibatches * self.num_microbatches)
+        micro_rows = num_rows // (self.num_minibatches * self.microbatch_count())
         return self.num_minibatches == 1 and micro_rows % self.group_size == 0
 
     def check_rows(self, num_rows: int) -> None:
         """Raises ValueError unless N rows split into the configured minibatches/microbatches."""
-        chunks = self.num_minibatches * self.num_microbatches
+        micro = 1 if self.auto_microbatches else self.num_microbatches
+        chunks = self.num_minibatches * micro
         if num_rows % self.group_size or num_rows % chunks:
             raise ValueError(
                 f"{num_rows} rows do not split into groups of {self.group_size} and "
-                f"{self.num_minibatches} minibatches x {self.num_microbatches} microbatches"
+                f"{self.num_minibatches} minibatches x {micro} microbatches"
             )
+
+    def microbatch_count(self) -> int:
+        """`num_microbatches` as a number; raises ValueError while it is still "auto"."""
+        if self.auto_microbatches:
+            raise ValueError(
+                'rl.num_microbatches="auto" must be resolved to a number before the step is '
+                "built (rl.memory.fewest_microbatches)"
+            )
+        return self.num_microbatches

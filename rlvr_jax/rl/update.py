@@ -102,7 +102,7 @@ def optimizer_passes(
             return jax.tree.map(jnp.add, grads, g), metrics
 
         zeros = jax.tree.map(jnp.zeros_like, params)
-        grads, metrics = jax.lax.scan(accumulate, zeros, _split(mb, rl.num_microbatches))
+        grads, metrics = jax.lax.scan(accumulate, zeros, _split(mb, rl.microbatch_count()))
         updates, opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         metrics = dict(metrics)
