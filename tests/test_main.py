@@ -147,8 +147,13 @@ def test_host_verifier_path_reports_every_stage(tmp_path):
     config.train.use_tensorboard = False
     config.reward.verifier = "math"
     config.reward.format = "none"
-    result = rl_stage.run(settings_lib.settings_from_config(config), tmp_path, log=lambda _: None)
+    config.rl.num_microbatches = "auto"  # the update is compiled on its shapes first
+    config.rl.memory_budget_gib = 1.0
+    lines = []
+    result = rl_stage.run(settings_lib.settings_from_config(config), tmp_path, log=lines.append)
     assert result["steps"] == 2
+    (chosen,) = [line for line in lines if line.startswith('rl.num_microbatches="auto"')]
+    assert '"auto" -> 1 (' in chosen and "of a 1.00 GiB budget; compiled 1: " in chosen
     row = _metrics(tmp_path)[2]
     n = config.train.batch_prompts * config.rl.group_size
     assert row["verifier/checks"] == 2 * n + 64  # two steps, plus the eval before training
