@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla_blockwise", "dense", "cudnn", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,13 @@ class ModelConfig:
       param_dtype: storage dtype of the parameters.
       remat: wrap the layer body in `jax.checkpoint` (training memory).
       max_position_embeddings: the longest context the checkpoint was trained for.
+      attention: the attention of training forwards (`model/attention.py`): "auto" (the fused
+        kernel of the backend where it applies, cuDNN on NVIDIA GPUs and splash on TPUs, else
+        "xla_blockwise"), "xla_blockwise" (pure JAX, flash-style, no (T, S) score matrix),
+        "dense" (the reference: the whole masked score matrix), "cudnn" or "pallas" (that
+        kernel or an error). Completions over a shared prompt always run blockwise unless
+        "dense"; prefill with a KV cache and decoding always run dense.
+      attention_block: query and key block size of "xla_blockwise" (and of the splash kernel).
     """
 
     model_type: str
@@ -65,6 +73,8 @@ class ModelConfig:
     param_dtype: str = "float32"
     remat: bool = False
     max_position_embeddings: int = 32768
+    attention: str = "auto"
+    attention_block: int = 512
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -86,6 +96,13 @@ class ModelConfig:
                 raise ValueError(
                     f"{name}={getattr(self, name)!r}: use float32, bfloat16 or float16"
                 )
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(
+                f"attention={self.attention!r} is not an attention implementation; "
+                f"expected one of {ATTENTION_IMPLEMENTATIONS}"
+            )
+        if self.attention_block <= 0:
+            raise ValueError(f"attention_block={self.attention_block} must be positive")
 
     def replace(self, **kwargs: Any) -> ModelConfig:
         return dataclasses.replace(self, **kwargs)

@@ -4,6 +4,12 @@ Layers are stacked on a leading axis L and run with `lax.scan`, so compile time 
 depth. The same `forward` serves training (no cache), prefill (cache, T prompt tokens) and decode
 (cache, one token), so the sampler and the trainer run one function on one set of buffers.
 
+Attention: training forwards (`hidden_states` without a cache, `grouped_hidden_states`) run the
+implementation `cfg.attention` resolves to (`attention.resolve_attention`): blockwise or a fused
+kernel, with no (T, S) mask or score array, or "dense", the reference `attention` below.
+Prefill with a cache stays dense: prompts are short, its keys include cache slots and its causal
+offset (the write index) is traced.
+
 Shapes: B batch rows, T new tokens, S cache slots, D embed, H query heads, K kv heads, Dh head dim,
 F mlp, V vocab, L layers.
 """
@@ -12,11 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlvr_jax.model import attention as attention_lib
 from rlvr_jax.model import sharding
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.kv_cache import KVCache
@@ -24,7 +32,9 @@ from rlvr_jax.model.kv_cache import KVCache
 Array = jax.Array
 # Finite rather than -inf: a fully masked row (a left-padding query) then yields a harmless
 # uniform distribution instead of NaNs that would poison gradients.
-_MASK_VALUE = -1e30
+_MASK_VALUE = attention_lib.MASK_VALUE
+# attend(q_BTHd, k_BSKd, v_BSKd) -> (B, T, H, Dh): one layer's attention, its mask closed over.
+Attend = Callable[[Array, Array, Array], Array]
 
 
 @jax.tree_util.register_dataclass
@@ -232,17 +242,28 @@ def _out_and_mlp(x_BTD: Array, attn_BTHd: Array, w: Layers, cfg: ModelConfig) ->
     return x_BTD + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w.down.astype(dt))
 
 
+def _self_attend(valid_BT: Array, cfg: ModelConfig) -> Attend:
+    """The attention of a full causal pass over the T tokens of `valid_BT` (their real ones)."""
+    impl = attention_lib.resolve_attention(cfg, layout="causal")
+    if impl == "dense":
+        T = valid_BT.shape[1]
+        mask_BTS = jnp.tril(jnp.ones((T, T), bool))[None] & valid_BT[:, None, :]
+        return lambda q, k, v: attention(q, k, v, mask_BTS, cfg)
+    block = cfg.attention_block
+    return lambda q, k, v: attention_lib.causal_attention(q, k, v, valid_BT, impl, block)
+
+
 def _layer(
     x_BTD: Array,
     w: Layers,
     rope: tuple[Array, Array],
-    mask_BTS: Array,
+    attend: Attend,
     kv: tuple[Array, Array] | None,
     write_index: Array | None,
     cfg: ModelConfig,
 ) -> tuple[Array, tuple[Array, Array] | None]:
     """One pre-norm block. With `kv` (this layer's cache) the new keys are written at
-    `write_index` and attention reads the whole cache; otherwise it reads the new keys only."""
+    `write_index` and `attend` reads the whole cache; otherwise it reads the new keys only."""
     dt = x_BTD.dtype
     q, k, v = _qkv(x_BTD, w, rope, cfg)
     if kv is not None:
@@ -253,7 +274,7 @@ def _layer(
         put = lambda c, x: jax.lax.dynamic_update_slice(c, x.swapaxes(1, 2).astype(c.dtype), start)
         kv = (put(cache_k, k), put(cache_v, v))
         k, v = (c.swapaxes(1, 2).astype(dt) for c in kv)
-    return _out_and_mlp(x_BTD, attention(q, k, v, mask_BTS, cfg), w, cfg), kv
+    return _out_and_mlp(x_BTD, attend(q, k, v), w, cfg), kv
 
 
 def hidden_states(
@@ -284,8 +305,7 @@ def hidden_states(
     mask_BT = mask_BT.astype(bool)
     x = params.embed[tokens_BT].astype(dt)
     if cache is None:
-        causal_TT = jnp.tril(jnp.ones((T, T), bool))
-        mask_BTS = causal_TT[None] & mask_BT[:, None, :]
+        attend = _self_attend(mask_BT, cfg)
         write_index = None
     else:
         S = cache.num_slots
@@ -294,12 +314,13 @@ def hidden_states(
         query_slot_T = write_index + jnp.arange(T)
         causal_TS = jnp.arange(S)[None, :] <= query_slot_T[:, None]
         mask_BTS = causal_TS[None] & key_mask_BS[:, None, :]
+        attend = lambda q, k, v: attention(q, k, v, mask_BTS, cfg)  # noqa: E731
 
     rope = rope_tables(positions_BT, cfg, dt)
 
     def body(x, xs):
         w, kv = xs
-        x, kv = _layer(sharding.constrain_rows(x), w, rope, mask_BTS, kv, write_index, cfg)
+        x, kv = _layer(sharding.constrain_rows(x), w, rope, attend, kv, write_index, cfg)
         return sharding.constrain_rows(x), kv
 
     if cfg.remat:
@@ -346,6 +367,20 @@ def _grouped_attention(
     return out.reshape(N, T, H, Dh)
 
 
+def _grouped_attend(prompt_mask_BP: Array, completion_mask_NT: Array, cfg: ModelConfig):
+    """`attend(q, kp, vp, kc, vc)` of the completions over their prompts and own prefixes."""
+    if attention_lib.resolve_attention(cfg, layout="grouped") == "dense":
+        T = completion_mask_NT.shape[1]
+        mask_NTT = jnp.tril(jnp.ones((T, T), bool))[None] & completion_mask_NT[:, None, :]
+        return lambda q, kp, vp, kc, vc: _grouped_attention(
+            q, kp, vp, kc, vc, prompt_mask_BP, mask_NTT, cfg
+        )
+    block = cfg.attention_block
+    return lambda q, kp, vp, kc, vc: attention_lib.grouped_attention(
+        q, kp, vp, kc, vc, prompt_mask_BP, completion_mask_NT, block
+    )
+
+
 def grouped_hidden_states(
     params: Params,
     prompt_BP: Array,
@@ -380,9 +415,8 @@ def grouped_hidden_states(
         raise ValueError(f"{N} completion rows do not split into groups of the {B} prompts")
     dt = jnp.dtype(cfg.dtype)
     prompt_mask_BP = prompt_mask_BP.astype(bool)
-    causal_TT = jnp.tril(jnp.ones((T, T), bool))
-    mask_NTT = causal_TT[None] & completion_mask_NT.astype(bool)[:, None, :]
-    mask_BPP = jnp.tril(jnp.ones((P, P), bool))[None] & prompt_mask_BP[:, None, :]
+    attend_p = _self_attend(prompt_mask_BP, cfg)
+    attend_c = _grouped_attend(prompt_mask_BP, completion_mask_NT.astype(bool), cfg)
     rope_p = rope_tables(prompt_positions_BP, cfg, dt)
     rope_c = rope_tables(completion_positions_NT, cfg, dt)
 
@@ -390,8 +424,8 @@ def grouped_hidden_states(
         xp, xc = (sharding.constrain_rows(x) for x in carry)
         qp, kp, vp = _qkv(xp, w, rope_p, cfg)
         qc, kc, vc = _qkv(xc, w, rope_c, cfg)
-        attn_p = attention(qp, kp, vp, mask_BPP, cfg)
-        attn_c = _grouped_attention(qc, kp, vp, kc, vc, prompt_mask_BP, mask_NTT, cfg)
+        attn_p = attend_p(qp, kp, vp)
+        attn_c = attend_c(qc, kp, vp, kc, vc)
         xp, xc = _out_and_mlp(xp, attn_p, w, cfg), _out_and_mlp(xc, attn_c, w, cfg)
         return (sharding.constrain_rows(xp), sharding.constrain_rows(xc)), None
 

@@ -72,7 +72,13 @@ def policy_and_settings(
 def model_overrides(model: ModelSettings, tok: Tokenizer) -> dict[str, Any]:
     """The `ModelConfig` fields the settings set on top of the source's: numerics, and for a
     random model with a character tokenizer, a vocabulary that fits it."""
-    out: dict[str, Any] = dict(dtype=model.dtype, param_dtype=model.param_dtype, remat=model.remat)
+    out: dict[str, Any] = dict(
+        dtype=model.dtype,
+        param_dtype=model.param_dtype,
+        remat=model.remat,
+        attention=model.attention,
+        attention_block=model.attention_block,
+    )
     if model.source.startswith("random:") and model.tokenizer.startswith("chars:"):
         out["vocab_size"] = max(tok.vocab_size, 8)
     return out

@@ -35,6 +35,8 @@ class ModelSettings:
       file or a hub id.
     tokenizer: "" for the source's own, or "chars:<alphabet>" (from-scratch models).
     dtype, param_dtype, remat: `ModelConfig` overrides.
+    attention, attention_block: the training forwards' attention (`ModelConfig.attention`):
+      "auto", "xla_blockwise", "dense", "cudnn" or "pallas", and the blockwise path's block.
     """
 
     source: str = "embedded"
@@ -42,6 +44,12 @@ class ModelSettings:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: bool = False
+    attention: Literal["auto", "xla_blockwise", "dense", "cudnn", "pallas"] = "auto"
+    attention_block: int = 512
+
+    def __post_init__(self):
+        if self.attention_block < 1:
+            raise ValueError(f"model.attention_block={self.attention_block} must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,6 +355,8 @@ RESUME_FREE = frozenset(
         "reward.workers",
         "reward.deadline_s",
         "model.remat",
+        "model.attention",
+        "model.attention_block",
         "rl.logprob_chunk",
         "rl.num_microbatches",
         "rl.sampler.attention_chunk",

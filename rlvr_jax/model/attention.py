@@ -1,0 +1,487 @@
+"""Attention for training forwards that never holds a (T, S) score matrix.
+
+Three implementations besides the dense reference (`transformer.attention`), chosen per call
+site by `resolve_attention` from `ModelConfig.attention`:
+
+* "xla_blockwise": pure JAX, flash-style. Queries are cut into blocks of `block_q` rows and keys
+  into blocks of `block_k`; each query block runs an online softmax over its key blocks in f32,
+  and key blocks that causality hides from the whole query block are never visited (the loop
+  bound is per query block). The backward is written by hand (`jax.custom_vjp`): it keeps only
+  q, k, v, the output and the log-sum-exp (O(T) per row) and recomputes each block's scores,
+  FlashAttention-2 style (outer loop over key blocks, inner over the query blocks that can see
+  them, dq accumulated in place). Grouped-query heads are a (K, G) split of H, so k and v are
+  never repeated G times. The mask is never an array: key validity is a (B, S) vector and
+  causality is `key j visible to query i iff j <= i + offset`, both applied per block.
+* "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")` on NVIDIA GPUs.
+* "pallas": the splash attention kernel jax ships for TPUs, with segment ids for padding.
+
+Fully masked query rows (a left-padding query) give a zero output, log-sum-exp `MASK_VALUE` and
+zero gradients, never NaN. Two attentions over disjoint key sets merge exactly through their
+log-sum-exps (`merge_attention`); the shared-prompt layout (`grouped_attention`) uses that, and
+gradients flow through the log-sum-exp: in the backward its cotangent enters as
+`D_i = rowsum(dO * O) - dlse_i`.
+
+Why a custom VJP rather than `lax.scan` + `jax.checkpoint`: a scan over key blocks that autodiff
+differentiates stores its per-step residuals (the probabilities of every key block of a query
+block) for the backward, and it cannot skip the key blocks that causality hides (a scan has a
+static length). Measured with `python benchmarks/attention.py --lengths 1024,2048,4096` (its
+docstring defines the variants): one causal layer, B=1, H=8, K=2, Dh=64, f32, blocks of 512,
+10% left padding, jit(grad) w.r.t. q, k, v; compiled temp memory
+(`memory_analysis().temp_size_in_bytes`) and median wall time of 3 runs on a 2-core CPU shared
+with another job (times are noisy), 2026-12-01:
+
+  ======  ======================  ======================  ======================
+  T       dense                   xla_blockwise (here)    scan_checkpoint
+  ======  ======================  ======================  ======================
+  1024    98.1 MiB, 0.55 s        47.1 MiB, 0.37 s        98.6 MiB, 0.65 s
+  2048    388.1 MiB, 2.58 s       52.1 MiB, 1.50 s        160.7 MiB, 2.21 s
+  4096    1544.2 MiB, 11.3 s      55.3 MiB, 3.15 s        285.1 MiB, 9.41 s
+  ======  ======================  ======================  ======================
+
+The custom VJP's memory is a few (B, H, block, block) tiles plus O(T) buffers (f32 gradients),
+nearly flat in T; the scan's grows with T (one query block's probabilities over all keys), and
+its time pays for the hidden blocks too.
+
+Shapes: B batch rows, T queries, S keys, H query heads, K kv heads, G = H // K query heads per
+kv head, Dh head dim. Inside the blockwise kernel the layout is heads-major: q (B, K, G, T, Dh),
+k and v (B, K, S, Dh), so every block product is a batched matmul over (B, K).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+from rlvr_jax.model import sharding
+from rlvr_jax.model.config import ModelConfig
+
+Array = jax.Array
+# Finite rather than -inf, as in the dense reference: rows with no visible key stay finite.
+MASK_VALUE = -1e30
+LAYOUTS = ("causal", "grouped")
+_CUDNN_DTYPES = ("bfloat16", "float16")
+_PALLAS_DTYPES = ("bfloat16", "float32")
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing an implementation
+
+
+def current_backend() -> str:
+    """The default backend's name: "cpu", "gpu" (CUDA), "rocm" or "tpu"."""
+    backend = jax.default_backend()
+    if backend == "gpu" and "rocm" in jax.devices()[0].client.platform_version.lower():
+        return "rocm"
+    return backend
+
+
+def _fused_unsupported(kind: str, backend: str, dtype: str, head_dim: int) -> str | None:
+    """Why the fused kernel `kind` cannot run for these settings, or None when it can."""
+    if kind == "cudnn":
+        if backend != "gpu":
+            return f"cuDNN attention needs an NVIDIA GPU; the backend is {backend!r}"
+        if dtype not in _CUDNN_DTYPES:
+            return f"cuDNN flash attention takes {_CUDNN_DTYPES}, not dtype={dtype!r}"
+        if head_dim % 8 or head_dim > 128:
+            return f"cuDNN flash attention needs head_dim <= 128 and a multiple of 8: {head_dim}"
+        return None
+    if backend != "tpu":
+        return f"the Pallas splash attention kernel needs a TPU; the backend is {backend!r}"
+    if dtype not in _PALLAS_DTYPES:
+        return f"splash attention takes {_PALLAS_DTYPES}, not dtype={dtype!r}"
+    return None
+
+
+def resolve_attention(
+    cfg: ModelConfig, backend: str | None = None, dtype: str | None = None, layout: str = "causal"
+) -> str:
+    """The implementation one attention call site runs: "dense", "xla_blockwise", "cudnn" or
+    "pallas".
+
+    "auto" takes the fused kernel of the backend (cuDNN on NVIDIA GPUs, splash on TPUs) where it
+    applies and "xla_blockwise" elsewhere, CPU included. The "grouped" layout (completions over a
+    shared prompt, merged through log-sum-exps) runs blockwise unless "dense" is asked for, also
+    when a fused kernel is forced: the fused kernels return no log-sum-exp that carries a
+    gradient (cuDNN drops the residual's cotangent; splash refuses to differentiate with
+    `save_residuals`).
+
+    Args:
+      cfg: reads `attention` and `head_dim`.
+      backend: "cpu", "gpu", "rocm" or "tpu"; None reads `current_backend()`.
+      dtype: the dtype of q, k, v; None reads `cfg.dtype`.
+      layout: "causal" (one row's tokens over its own valid prefix) or "grouped".
+
+    Raises:
+      ValueError: "cudnn" or "pallas" asked for where that kernel cannot run.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}; expected one of {LAYOUTS}")
+    impl = cfg.attention  # one of config.ATTENTION_IMPLEMENTATIONS (checked there)
+    if impl in ("dense", "xla_blockwise"):
+        return impl
+    backend = current_backend() if backend is None else backend
+    dtype = jnp.dtype(cfg.dtype if dtype is None else dtype).name
+    if impl == "auto":
+        fused = {"gpu": "cudnn", "tpu": "pallas"}.get(backend)
+        if fused is None or _fused_unsupported(fused, backend, dtype, cfg.head_dim):
+            return "xla_blockwise"
+        return "xla_blockwise" if layout == "grouped" else fused
+    reason = _fused_unsupported(impl, backend, dtype, cfg.head_dim)
+    if reason:
+        raise ValueError(f"attention={impl!r} cannot run here: {reason}")
+    return "xla_blockwise" if layout == "grouped" else impl
+
+
+# ---------------------------------------------------------------------------------------------
+# Blockwise attention: the kernel, on padded heads-major arrays
+
+
+def _visible(valid_BS: Array, q0: Array, k0: Array, bq: int, bk: int, offset: int | None):
+    """The (B, 1, 1, bq, bk) mask of the query block starting at row q0 and the key block
+    starting at key k0."""
+    valid = jax.lax.dynamic_slice_in_dim(valid_BS, k0, bk, axis=1)[:, None, None, None, :]
+    if offset is None:
+        return valid
+    rows, cols = q0 + jnp.arange(bq), k0 + jnp.arange(bk)
+    return valid & (cols[None, :] <= rows[:, None] + offset)
+
+
+def _key_blocks_seen(i: Array, bq: int, bk: int, nk: int, offset: int | None) -> int | Array:
+    """How many leading key blocks query block i can see: the later ones are causally hidden."""
+    if offset is None:
+        return nk
+    return jnp.clip(((i + 1) * bq + offset + bk - 1) // bk, 0, nk)
+
+
+def _first_query_block(j: Array, bq: int, bk: int, offset: int | None) -> int | Array:
+    """The first query block that can see key block j."""
+    if offset is None:
+        return 0
+    return jnp.maximum(j * bk - offset, 0) // bq
+
+
+def _mm(spec: str, a: Array, b: Array) -> Array:
+    """A block product accumulated in f32."""
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+def _block_scores(q_i: Array, k_j: Array, scale: float) -> Array:
+    """(B, K, G, bq, bk) f32 scores of a query block against a key block."""
+    return _mm("bkgqd,bksd->bkgqs", q_i, k_j) * scale
+
+
+def _flash_forward(q, k, v, valid, offset, bq, bk):
+    """Output (B, K, G, Tp, Dh) in q's dtype and log-sum-exp (B, K, G, Tp) in f32."""
+    # The barriers keep XLA from fusing the producers of the inputs (RoPE, transposes, padding)
+    # into the block loops: they would be recomputed for every block, and differently in a
+    # rematerialised forward than in the first one (remat then changed gradients by 1e-6).
+    q, k, v, valid = jax.lax.optimization_barrier((q, k, v, valid))
+    B, K, G, Tp, Dh = q.shape
+    nq, nk = Tp // bq, k.shape[2] // bk
+    scale = 1.0 / math.sqrt(Dh)
+
+    def query_block(i, carry):
+        out, lse = carry
+        q_i = jax.lax.dynamic_slice_in_dim(q, i * bq, bq, axis=3)
+
+        def key_block(j, state):
+            row_max, row_sum, acc = state
+            k_j = jax.lax.dynamic_slice_in_dim(k, j * bk, bk, axis=2)
+            v_j = jax.lax.dynamic_slice_in_dim(v, j * bk, bk, axis=2)
+            mask = _visible(valid, i * bq, j * bk, bq, bk, offset)
+            s = jnp.where(mask, _block_scores(q_i, k_j, scale), MASK_VALUE)
+            new_max = jnp.maximum(row_max, jnp.max(s, axis=-1))
+            # Explicit zeros for hidden keys: a row with no visible key so far keeps a zero sum.
+            p = jnp.where(mask, jnp.exp(s - new_max[..., None]), 0.0)
+            alpha = jnp.exp(row_max - new_max)
+            acc = alpha[..., None] * acc + _mm("bkgqs,bksd->bkgqd", p.astype(v.dtype), v_j)
+            return new_max, alpha * row_sum + jnp.sum(p, axis=-1), acc
+
+        init = (
+            jnp.full((B, K, G, bq), MASK_VALUE, jnp.float32),
+            jnp.zeros((B, K, G, bq), jnp.float32),
+            jnp.zeros((B, K, G, bq, Dh), jnp.float32),
+        )
+        num_blocks = _key_blocks_seen(i, bq, bk, nk, offset)
+        row_max, row_sum, acc = jax.lax.fori_loop(0, num_blocks, key_block, init)
+        seen = row_sum > 0
+        row_sum = jnp.where(seen, row_sum, 1.0)
+        out_i = (acc / row_sum[..., None]).astype(out.dtype)
+        lse_i = jnp.where(seen, row_max + jnp.log(row_sum), MASK_VALUE)
+        out = jax.lax.dynamic_update_slice_in_dim(out, out_i, i * bq, axis=3)
+        return out, jax.lax.dynamic_update_slice_in_dim(lse, lse_i, i * bq, axis=3)
+
+    init = (jnp.zeros(q.shape, q.dtype), jnp.zeros((B, K, G, Tp), jnp.float32))
+    return jax.lax.fori_loop(0, nq, query_block, init)
+
+
+def _flash_backward(q, k, v, valid, out, lse, d_out, d_lse, offset, bq, bk):
+    """dq, dk, dv: an outer loop over key blocks, an inner one over the query blocks that see
+    them; probabilities are recomputed from the saved log-sum-exp."""
+    B, K, G, Tp, Dh = q.shape
+    nq, nk = Tp // bq, k.shape[2] // bk
+    scale = 1.0 / math.sqrt(Dh)
+    f32 = jnp.float32
+    # rowsum(dO * O) - dlse: the softmax backward's per-row term, lse's cotangent folded in.
+    delta = jnp.sum(d_out.astype(f32) * out.astype(f32), axis=-1) - d_lse
+
+    def key_block(j, carry):
+        dq, dk, dv = carry
+        k_j = jax.lax.dynamic_slice_in_dim(k, j * bk, bk, axis=2)
+        v_j = jax.lax.dynamic_slice_in_dim(v, j * bk, bk, axis=2)
+
+        def query_block(i, state):
+            dq, dk_j, dv_j = state
+            sl = lambda x: jax.lax.dynamic_slice_in_dim(x, i * bq, bq, axis=3)
+            q_i, do_i, lse_i, delta_i = sl(q), sl(d_out), sl(lse), sl(delta)
+            mask = _visible(valid, i * bq, j * bk, bq, bk, offset)
+            # Hidden entries may overflow in exp (lse = MASK_VALUE); `where` drops them.
+            p = jnp.where(mask, jnp.exp(_block_scores(q_i, k_j, scale) - lse_i[..., None]), 0.0)
+            dv_j += _mm("bkgqs,bkgqd->bksd", p.astype(v.dtype), do_i)
+            dp = _mm("bkgqd,bksd->bkgqs", do_i, v_j)
+            ds = (p * (dp - delta_i[..., None]) * scale).astype(q.dtype)
+            dq_i = sl(dq) + _mm("bkgqs,bksd->bkgqd", ds, k_j)
+            dq = jax.lax.dynamic_update_slice_in_dim(dq, dq_i, i * bq, axis=3)
+            dk_j += _mm("bkgqs,bkgqd->bksd", ds, q_i)
+            return dq, dk_j, dv_j
+
+        zeros = jnp.zeros((B, K, bk, Dh), f32)
+        first = _first_query_block(j, bq, bk, offset)
+        dq, dk_j, dv_j = jax.lax.fori_loop(first, nq, query_block, (dq, zeros, zeros))
+        put = lambda x, x_j: jax.lax.dynamic_update_slice_in_dim(x, x_j, j * bk, axis=2)
+        return dq, put(dk, dk_j), put(dv, dv_j)
+
+    init = (jnp.zeros(q.shape, f32), jnp.zeros(k.shape, f32), jnp.zeros(v.shape, f32))
+    dq, dk, dv = jax.lax.fori_loop(0, nk, key_block, init)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _flash(q, k, v, valid, offset, bq, bk):
+    return _flash_forward(q, k, v, valid, offset, bq, bk)
+
+
+def _flash_fwd(q, k, v, valid, offset, bq, bk):
+    out, lse = _flash_forward(q, k, v, valid, offset, bq, bk)
+    return (out, lse), (q, k, v, valid, out, lse)
+
+
+def _flash_bwd(offset, bq, bk, res, cotangents):
+    q, k, v, valid, out, lse = jax.lax.optimization_barrier(res)  # see `_flash_forward`
+    d_out, d_lse = cotangents
+    dq, dk, dv = _flash_backward(q, k, v, valid, out, lse, d_out, d_lse, offset, bq, bk)
+    return dq, dk, dv, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Blockwise attention: public entry points
+
+
+def _pad_axis(x: Array, axis: int, size: int, value=0) -> Array:
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def blockwise_attention(
+    q_BTHd: Array,
+    k_BSKd: Array,
+    v_BSKd: Array,
+    valid_BS: Array,
+    causal_offset: int | None = 0,
+    block_q: int = 512,
+    block_k: int = 512,
+) -> tuple[Array, Array]:
+    """Grouped-query attention with an online softmax over key blocks; no (T, S) array.
+
+    Args:
+      q_BTHd: queries; H must be a multiple of K.
+      k_BSKd, v_BSKd: keys and values.
+      valid_BS: which keys are real (False: padding, never attended to).
+      causal_offset: query i sees key j iff j <= i + causal_offset (static); None: no causality.
+      block_q, block_k: block sizes (static); they need not divide T or S (inputs are padded).
+
+    Returns:
+      out_BTHd in q's dtype (zero for a query that sees no key) and the log-sum-exp of its
+      scaled scores, lse_BTH in f32 (`MASK_VALUE` for such a query). Both are differentiable.
+    """
+    B, T, H, Dh = q_BTHd.shape
+    S, K = k_BSKd.shape[1], k_BSKd.shape[2]
+    bq, bk = min(block_q, T), min(block_k, S)
+    Tp, Sp = -(-T // bq) * bq, -(-S // bk) * bk
+    q = q_BTHd.reshape(B, T, K, H // K, Dh).transpose(0, 2, 3, 1, 4)
+    k, v = (x.transpose(0, 2, 1, 3) for x in (k_BSKd, v_BSKd))
+    q, k, v = _pad_axis(q, 3, Tp), _pad_axis(k, 2, Sp), _pad_axis(v, 2, Sp)
+    valid = _pad_axis(valid_BS.astype(bool), 1, Sp, False)
+    out, lse = _flash(q, k, v, valid, causal_offset, bq, bk)
+    out_BTHd = out[:, :, :, :T].transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
+    return out_BTHd, lse[:, :, :, :T].transpose(0, 3, 1, 2).reshape(B, T, H)
+
+
+def merge_attention(parts: list[tuple[Array, Array]]) -> tuple[Array, Array]:
+    """Exact attention over the union of disjoint key sets, from each set's (out, lse).
+
+    out = sum_i out_i * exp(lse_i - lse), lse = logsumexp_i lse_i. A set a row sees nothing of
+    has lse_i = `MASK_VALUE` and weight 0 as soon as another set is visible.
+    """
+    lse = functools.reduce(jnp.logaddexp, [lse_i for _, lse_i in parts])
+    out = sum(o.astype(jnp.float32) * jnp.exp(l_i - lse)[..., None] for o, l_i in parts)
+    return out.astype(parts[0][0].dtype), lse
+
+
+def grouped_attention(
+    q_NTHd: Array,
+    kp_BPKd: Array,
+    vp_BPKd: Array,
+    kc_NTKd: Array,
+    vc_NTKd: Array,
+    prompt_valid_BP: Array,
+    completion_valid_NT: Array,
+    block: int = 512,
+) -> Array:
+    """Blockwise `transformer._grouped_attention`: completion row n = b * G + g over prompt b's
+    real keys and its own causal prefix, one softmax over both.
+
+    The prompt part runs the G completions of a prompt as one (G * T)-row query sequence against
+    that prompt's keys, so the prompt keys are read per group and never repeated G times; the two
+    parts are merged through their log-sum-exps.
+    """
+    N, T, H, Dh = q_NTHd.shape
+    B = kp_BPKd.shape[0]
+    q_BMHd = q_NTHd.reshape(B, (N // B) * T, H, Dh)
+    prompt = blockwise_attention(q_BMHd, kp_BPKd, vp_BPKd, prompt_valid_BP, None, block, block)
+    own = blockwise_attention(q_NTHd, kc_NTKd, vc_NTKd, completion_valid_NT, 0, block, block)
+    prompt = (prompt[0].reshape(N, T, H, Dh), prompt[1].reshape(N, T, H))
+    return merge_attention([prompt, own])[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused kernels (GPU, TPU)
+
+
+def _real_run(valid_BT: Array) -> tuple[Array, Array, Array]:
+    """Start, length (at least 1) and whether the real tokens of each row are one run."""
+    T = valid_BT.shape[1]
+    start_B = jnp.argmax(valid_BT, axis=1).astype(jnp.int32)
+    length_B = jnp.sum(valid_BT, axis=1, dtype=jnp.int32)
+    last_B = T - 1 - jnp.argmax(valid_BT[:, ::-1], axis=1)
+    one_run_B = (length_B == 0) | (last_B - start_B + 1 == length_B)
+    return start_B, jnp.maximum(length_B, 1), one_run_B
+
+
+def cudnn_attention(
+    q_BTHd: Array, k_BTKd: Array, v_BTKd: Array, valid_BT: Array, implementation: str = "cudnn"
+) -> Array:
+    """Causal self-attention through `jax.nn.dot_product_attention`'s cuDNN kernel.
+
+    cuDNN expresses padding as sequence lengths, i.e. valid prefixes. Each row is rotated left
+    by its leading padding so that its real tokens (a left-padded prompt followed by a
+    right-padded completion: one run) form the prefix, attended causally with the run's length
+    as query and key length, and rotated back. Causality by index is unchanged inside the run.
+    A row whose real tokens are not one run cannot be expressed: its output is NaN, so that the
+    misuse shows instead of silently attending across the gap. Outputs at padding are zero.
+
+    Args:
+      q_BTHd, k_BTKd, v_BTKd: bf16 or fp16 queries, keys, values of the same T tokens.
+      valid_BT: the real tokens.
+      implementation: "cudnn"; "xla" runs the same arrangement through XLA (tests on CPU).
+    """
+    T = q_BTHd.shape[1]
+    start_B, length_B, one_run_B = _real_run(valid_BT.astype(bool))
+    to_run_BT = (jnp.arange(T)[None, :] + start_B[:, None]) % T
+    from_run_BT = (jnp.arange(T)[None, :] - start_B[:, None]) % T
+    gather = lambda x, idx: jnp.take_along_axis(x, idx[:, :, None, None], axis=1)
+    out = jax.nn.dot_product_attention(
+        *(gather(x, to_run_BT) for x in (q_BTHd, k_BTKd, v_BTKd)),
+        is_causal=True,
+        query_seq_lengths=length_B,
+        key_value_seq_lengths=length_B,
+        implementation=implementation,
+    )
+    out = gather(out, from_run_BT)
+    out = jnp.where(valid_BT[:, :, None, None], out, jnp.zeros((), out.dtype))
+    return jnp.where(one_run_B[:, None, None, None], out, jnp.nan)
+
+
+def _splash_call(q_BHTd, k_BKTd, v_BKTd, seg_BT, block: int, interpret: bool) -> Array:
+    """The splash kernel over a batch, one example per `vmap` lane."""
+    H, T = q_BHTd.shape[1], q_BHTd.shape[2]
+    mask = splash.MultiHeadMask([splash.CausalMask((T, T))] * H)
+    sizes = dict.fromkeys(("block_q", "block_kv", "block_kv_compute", "block_q_dkv"), block)
+    sizes.update(dict.fromkeys(("block_kv_dkv", "block_kv_dkv_compute"), block))
+    sizes.update(block_q_dq=block, block_kv_dq=block)
+    kernel = splash.make_splash_mha(
+        mask,
+        block_sizes=splash.BlockSizes(**sizes),
+        head_shards=1,
+        q_seq_shards=1,
+        interpret=interpret,
+    )
+    segments = splash.SegmentIds(q=seg_BT, kv=seg_BT)
+    return jax.vmap(kernel)(q_BHTd, k_BKTd, v_BKTd, segment_ids=segments)
+
+
+def pallas_attention(
+    q_BTHd: Array,
+    k_BTKd: Array,
+    v_BTKd: Array,
+    valid_BT: Array,
+    block: int = 512,
+    interpret: bool = False,
+) -> Array:
+    """Causal self-attention through jax's Pallas splash attention kernel (TPU).
+
+    Padding is a segment id: real tokens are segment 1, padding segment 0, so a real query sees
+    exactly the real keys of its causal prefix, whatever the padding pattern. A padding query
+    sees padding keys (never an empty row: it sees itself); its output is junk, ignored
+    downstream, and set to zero here. T is padded to a multiple of the kernel's block (128 lanes
+    at least). Under an activation mesh the kernel runs per shard (`shard_map`): rows over the
+    "batch" axes, heads over "tensor" when it divides both head counts.
+
+    Args:
+      q_BTHd, k_BTKd, v_BTKd: queries, keys, values of the same T tokens.
+      valid_BT: the real tokens.
+      block: the kernel's block size, rounded down to a multiple of 128.
+      interpret: run the kernel in the Pallas interpreter (tests on CPU).
+    """
+    B, T, H, Dh = q_BTHd.shape
+    block = max(128, min(block, -(-T // 128) * 128) // 128 * 128)
+    Tp = -(-T // block) * block
+    q = (q_BTHd * (1.0 / math.sqrt(Dh))).astype(q_BTHd.dtype)  # splash does not scale
+    q, k, v = (_pad_axis(x, 1, Tp).transpose(0, 2, 1, 3) for x in (q, k_BTKd, v_BTKd))
+    seg_BT = _pad_axis(valid_BT.astype(jnp.int32), 1, Tp)
+    call = functools.partial(_splash_call, block=block, interpret=interpret)
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and set(sharding.RULES["batch"]) <= set(mesh.axis_names):
+        P = jax.sharding.PartitionSpec
+        rows = sharding.logical_spec(("batch",), (B,), mesh)
+        rows = rows[0] if len(rows) else None
+        t = mesh.shape.get("tensor", 1)
+        heads = "tensor" if t > 1 and H % t == 0 and k_BTKd.shape[2] % t == 0 else None
+        spec = P(rows, heads)
+        call = jax.shard_map(
+            call, in_specs=(spec, spec, spec, P(rows)), out_specs=spec, check_vma=False
+        )
+    out = call(q, k, v, seg_BT).transpose(0, 2, 1, 3)[:, :T]
+    return jnp.where(valid_BT[:, :, None, None], out, jnp.zeros((), out.dtype))
+
+
+def causal_attention(
+    q_BTHd: Array, k_BTKd: Array, v_BTKd: Array, valid_BT: Array, impl: str, block: int
+) -> Array:
+    """Causal self-attention over one row's valid tokens by a resolved implementation other
+    than "dense" ("xla_blockwise", "cudnn" or "pallas")."""
+    if impl == "xla_blockwise":
+        return blockwise_attention(q_BTHd, k_BTKd, v_BTKd, valid_BT, 0, block, block)[0]
+    if impl == "cudnn":
+        return cudnn_attention(q_BTHd, k_BTKd, v_BTKd, valid_BT)
+    if impl == "pallas":
+        return pallas_attention(q_BTHd, k_BTKd, v_BTKd, valid_BT, block)
+    raise ValueError(f"causal_attention: unknown implementation {impl!r}")
