@@ -18,6 +18,11 @@ sampler's loop keeps the prompt mask and the slot to write. Two layer loops:
   weight is copied. It is the default on CPU ("auto"), at the price of compile time that grows
   with depth.
 
+`decode_step` writes one slot for all rows (left padding keeps the rows in step);
+`decode_step_per_row` gives each row its own slot, for the continuous-batching sampler, where a
+cache row is a decode slot that takes the next queued prompt when its row ends. Both layer loops
+serve both.
+
 Both loops take RoPE's cos/sin of the fed tokens as inputs: built inside the step, XLA fuses the
 trigonometry into every head's rotation of every layer.
 
@@ -287,5 +292,120 @@ def decode_step(
         x_ND, cache = _scan_layers(
             x_ND, params, cache, rope_N, prompt_mask_NP, slot, model_cfg, windows
         )
+    x_ND = transformer.rms_norm(x_ND, params.final_norm, model_cfg.norm_eps)
+    return transformer.logits_from_hidden(params, x_ND[:, None], model_cfg)[:, 0], cache
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-row slots: each row of the cache writes its own slot (continuous batching, where a cache
+# row is a decode slot that takes a new prompt whenever its row ends)
+
+
+def _put_per_row(c_NKSd: Array, new_NKd: Array, slot_N: Array) -> Array:
+    """Writes row n's key/value at slot `slot_N[n]`: a scatter of N vectors, in place in a loop."""
+    put = lambda c_KSd, x_Kd, s: jax.lax.dynamic_update_slice(
+        c_KSd, x_Kd[:, None].astype(c_KSd.dtype), (0, s, 0)
+    )
+    return jax.vmap(put)(c_NKSd, new_NKd, slot_N)
+
+
+def _scan_layers_per_row(
+    x_ND: Array,
+    params: transformer.Params,
+    cache: KVCache,
+    rope_N: tuple[Array, Array],
+    prompt_mask_NP: Array,
+    slot_N: Array,
+    max_slot: Array,
+    cfg: ModelConfig,
+    windows: tuple[int, ...],
+) -> tuple[Array, KVCache]:
+    # Smallest window that holds slots [0, max_slot); a (N, 1) limit masks each row's own.
+    branch = jnp.sum(jnp.asarray(windows) < max_slot)
+    attends = [functools.partial(_window_attention, window=w) for w in windows]
+    limit_N1 = slot_N[:, None]
+
+    def layer(x_ND, inputs):
+        w, index = inputs
+        q, k, v = _qkv(x_ND, w, rope_N, cfg)
+        args = (q, k, v, cache, index, prompt_mask_NP, limit_N1)
+        attn = attends[0](*args) if len(attends) == 1 else jax.lax.switch(branch, attends, *args)
+        return _out_and_mlp(x_ND, attn, w, cfg), (k, v)
+
+    layer_ids = jnp.arange(cfg.num_layers)
+    x_ND, (k_LNKd, v_LNKd) = jax.lax.scan(layer, x_ND, (params.layers, layer_ids))
+    # As in `_scan_layers`: written once after the scan, which only reads the cache. The layer
+    # axis rides along inside each row's scatter.
+    put = jax.vmap(_put_per_row, in_axes=(0, 0, None))
+    return x_ND, KVCache(k=put(cache.k, k_LNKd, slot_N), v=put(cache.v, v_LNKd, slot_N))
+
+
+def _unrolled_layers_per_row(
+    x_ND: Array,
+    layers: list[transformer.Layers],
+    cache: KVCache,
+    rope_N: tuple[Array, Array],
+    prompt_mask_NP: Array,
+    slot_N: Array,
+    max_slot: Array,
+    cfg: ModelConfig,
+    windows: tuple[int, ...],
+) -> tuple[Array, KVCache]:
+    # As in `_unrolled_layers`: write first, then attend to the buffer just written, so that
+    # each buffer's update is in place. Smallest window that holds slots [0, max_slot].
+    branch = jnp.sum(jnp.asarray(windows) <= max_slot)
+    attends = [functools.partial(_span_attention, window=w) for w in windows]
+    limit_N1 = slot_N[:, None]
+    ks, vs = list(cache.k), list(cache.v)
+    for i, w in enumerate(layers):
+        q, k, v = _qkv(x_ND, w, rope_N, cfg)
+        ks[i], vs[i] = _put_per_row(ks[i], k, slot_N), _put_per_row(vs[i], v, slot_N)
+        args = (q, ks[i], vs[i], prompt_mask_NP, limit_N1)
+        attn = attends[0](*args) if len(attends) == 1 else jax.lax.switch(branch, attends, *args)
+        x_ND = _out_and_mlp(x_ND, attn, w, cfg)
+    return x_ND, KVCache(k=tuple(ks), v=tuple(vs))
+
+
+def decode_step_per_row(
+    params: transformer.Params,
+    layers: list[transformer.Layers] | None,
+    cache: KVCache,
+    tokens_N: Array,
+    rope_N: tuple[Array, Array],
+    prompt_mask_NP: Array,
+    slot_N: Array,
+    max_slot: Array,
+    model_cfg: ModelConfig,
+    windows: tuple[int, ...],
+) -> tuple[Array, KVCache]:
+    """`decode_step` where each row has its own cache slot: row n's keys/values go to
+    `slot_N[n]` and it attends to its prompt and its slots [P, slot_N[n]].
+
+    Every row reads the same static window (`attention_windows`): the smallest that holds
+    `max_slot`, the largest slot whose row's output is used. A row whose slot lies past the
+    window (a finished row still in the batch) gets logits nobody should read.
+
+    Args:
+      params: the weights, as in `decode_step`.
+      layers: `unstack_layers(params)` for an unrolled cache, else None.
+      cache: the decode cache; row n holds its prompt in slots [0, P) and its generated tokens
+        in [P, slot_N[n]).
+      tokens_N: the token fed to each row.
+      rope_N: (cos, sin) (N, Dh/2) of each row's RoPE position.
+      prompt_mask_NP: which prompt slots of each row hold real tokens.
+      slot_N: (N,) int32, each row's cache slot for this token, in [P, S).
+      max_slot: () int32, the window bound (see above).
+      model_cfg: the architecture.
+      windows: the attention windows (`attention_windows`).
+
+    Returns:
+      (logits (N, V) f32, cache).
+    """
+    x_ND = params.embed[tokens_N].astype(jnp.dtype(model_cfg.dtype))
+    args = (cache, rope_N, prompt_mask_NP, slot_N, max_slot, model_cfg, windows)
+    if cache.unrolled:
+        x_ND, cache = _unrolled_layers_per_row(x_ND, layers, *args)
+    else:
+        x_ND, cache = _scan_layers_per_row(x_ND, params, *args)
     x_ND = transformer.rms_norm(x_ND, params.final_norm, model_cfg.norm_eps)
     return transformer.logits_from_hidden(params, x_ND[:, None], model_cfg)[:, 0], cache

@@ -7,6 +7,9 @@ Modules, by concept:
 * `choice`: the token choice (greedy, temperature, top-k, top-p, min-p) and the per-row draw;
 * `stops`: end ids, stop sequences and the think budget;
 * `loop`: the program (`generate`, jitted once; `sample`, with checks of host inputs);
+* `continuous`: the same rollout with fewer decode slots than rows, each slot taking the next
+  queued row when its row ends (`generate_continuous`, `sample_continuous`), and the slot
+  utilisation of either program (`RolloutStats`, `static_stats`, `summarize`);
 * `host`: prompts to fixed-shape batches (`bucket_and_pad`), batched generation over many prompts
   (`generate_in_batches`), completions back to lists.
 
@@ -16,6 +19,13 @@ finish reasons in `rlvr_jax.types`. Their names used with the sampler are re-exp
 
 from rlvr_jax.sampling.choice import choose_tokens, row_uniforms
 from rlvr_jax.sampling.config import METHODS, SamplerConfig, SamplingParams, sampling_params
+from rlvr_jax.sampling.continuous import (
+    RolloutStats,
+    generate_continuous,
+    sample_continuous,
+    static_stats,
+    summarize,
+)
 from rlvr_jax.sampling.host import bucket_and_pad, completions, generate_in_batches
 from rlvr_jax.sampling.loop import generate, init_decode_cache, num_cache_slots, sample
 from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, FINISH_NAMES, FINISH_STOP, Rollout
@@ -27,16 +37,21 @@ __all__ = [
     "FINISH_STOP",
     "METHODS",
     "Rollout",
+    "RolloutStats",
     "SamplerConfig",
     "SamplingParams",
     "bucket_and_pad",
     "choose_tokens",
     "completions",
     "generate",
+    "generate_continuous",
     "generate_in_batches",
     "init_decode_cache",
     "num_cache_slots",
     "row_uniforms",
     "sample",
+    "sample_continuous",
     "sampling_params",
+    "static_stats",
+    "summarize",
 ]

@@ -11,6 +11,8 @@ as the trainer holds them), from the same parameter buffers the optimizer update
   text, and matches the end ids and stop sequences (`stops`); a row that ended emits `pad_id`.
 * The same shapes and static settings never compile again: per-call values, the rng included,
   are arrays.
+* The emission (`choose_and_match`), the matchers' state and the checks are shared with the
+  continuous-batching loop (`continuous`), so both give a row the same tokens.
 
 Shapes: N rows (B prompts x G samples), P prompt bucket, T = max_new_tokens, S cache slots, V vocab,
 W matched-token window.
@@ -37,6 +39,17 @@ Array = jax.Array
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
+class Matchers:
+    """Each row's state for the stop and think matchers (`stops`), carried from token to token."""
+
+    history_NW: Array  # (N, W) int32, last W emitted tokens, -1 before the first
+    in_think_N: Array  # (N,) bool
+    think_count_N: Array  # (N,) int32 tokens emitted since the block opened
+    inject_pos_N: Array  # (N,) int32 next index into think_stop; 0 when not injecting
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class _State:
     """The decode loop's carry. `step` tokens have been emitted; `last_N` is fed next."""
 
@@ -50,10 +63,7 @@ class _State:
     logp_NT: Array
     mask_NT: Array
     injected_NT: Array
-    history_NW: Array  # (N, W) int32, last W emitted tokens, -1 before the first
-    in_think_N: Array  # (N,) bool
-    think_count_N: Array  # (N,) int32 tokens emitted since the block opened
-    inject_pos_N: Array  # (N,) int32 next index into think_stop; 0 when not injecting
+    matchers: Matchers
 
 
 def num_cache_slots(prompt_len: int, cfg: SamplerConfig) -> int:
@@ -71,20 +81,70 @@ def init_decode_cache(
     return decode.init_decode_cache(model_cfg, num_rows, S, dtype, cfg.layer_loop)
 
 
+def prompt_mask(prompt_NP: Array, prompt_lengths_N: Array) -> Array:
+    """(N, P) bool: which slots of the left-padded prompts hold real tokens."""
+    P = prompt_NP.shape[1]
+    return jnp.arange(P)[None, :] >= (P - prompt_lengths_N)[:, None]
+
+
+def initial_in_think(prompt_NP: Array, prompt_mask_NP: Array, cfg: SamplerConfig) -> Array:
+    """(N,) bool: rows whose prompt leaves a thinking block open (all False without a budget)."""
+    if cfg.think_budget:
+        return stops.prompt_in_think(prompt_NP, prompt_mask_NP, cfg)
+    return jnp.zeros(prompt_NP.shape[:1], bool)
+
+
+def initial_matchers(in_think_N: Array, cfg: SamplerConfig) -> Matchers:
+    """The matchers of rows that have emitted nothing yet."""
+    zeros_N = jnp.zeros(in_think_N.shape, jnp.int32)
+    history_NW = jnp.full((*in_think_N.shape, cfg.match_window), -1, jnp.int32)
+    return Matchers(history_NW, in_think_N, zeros_N, zeros_N)
+
+
+def choose_and_match(
+    logits_NV: Array,
+    u_N: Array,
+    active_N: Array,
+    sp: SamplingParams,
+    m: Matchers,
+    cfg: SamplerConfig,
+) -> tuple[Array, Array, Array, Array, Array, Matchers]:
+    """Chooses one token per row, applies the think budget and matches the end ids and stops.
+
+    Both decode loops emit through this function, so a row's tokens do not depend on the loop.
+
+    Args:
+      logits_NV: f32 logits of each row's next token.
+      u_N: each row's uniform for this token (`row_uniforms`).
+      active_N: rows still generating; the others emit `pad_id` with log-prob 0.
+      sp: per-row sampling values.
+      m: the rows' matchers before this token.
+      cfg: the sampler settings.
+
+    Returns:
+      (tok_N, logp_N f32, injected_N, eos_N, stop_N, matchers after this token).
+    """
+    tok, logp = choose_tokens(logits_NV, sp, u_N, cfg)
+    tok, logp, injecting, inject_pos = stops.inject_think_stop(
+        tok, logp, active_N, m.in_think_N, m.think_count_N, m.inject_pos_N, cfg
+    )
+    tok = jnp.where(active_N, tok, cfg.pad_id)
+    logp = jnp.where(active_N, logp, 0.0)
+    history = jnp.concatenate([m.history_NW[:, 1:], tok[:, None]], axis=1)
+    eos, stop = stops.ended(history, tok, active_N & ~injecting, cfg)
+    in_think, count = stops.track_think(history, active_N, m.in_think_N, m.think_count_N, cfg)
+    matchers = Matchers(history, in_think, count, inject_pos)
+    return tok, logp.astype(jnp.float32), injecting, eos, stop, matchers
+
+
 def _emit(s: _State, logits_NV: Array, sp: SamplingParams, cfg: SamplerConfig) -> _State:
     """Chooses, records and matches one token per row."""
     t = s.step
     u_N = jax.lax.dynamic_index_in_dim(s.u_NT, t, axis=1, keepdims=False)
-    tok, logp = choose_tokens(logits_NV, sp, u_N, cfg)
     active = ~s.done_N
-    tok, logp, injecting, inject_pos = stops.inject_think_stop(
-        tok, logp, active, s.in_think_N, s.think_count_N, s.inject_pos_N, cfg
+    tok, logp, injecting, eos, stop, matchers = choose_and_match(
+        logits_NV, u_N, active, sp, s.matchers, cfg
     )
-    tok = jnp.where(active, tok, cfg.pad_id)
-    logp = jnp.where(active, logp, 0.0)
-    history = jnp.concatenate([s.history_NW[:, 1:], tok[:, None]], axis=1)
-    eos, stop = stops.ended(history, tok, active & ~injecting, cfg)
-    in_think, count = stops.track_think(history, active, s.in_think_N, s.think_count_N, cfg)
     put = lambda buf, col: jax.lax.dynamic_update_slice(buf, col[:, None], (0, t))
     return dataclasses.replace(
         s,
@@ -93,21 +153,18 @@ def _emit(s: _State, logits_NV: Array, sp: SamplingParams, cfg: SamplerConfig) -
         done_N=s.done_N | eos | stop,
         finish_N=jnp.where(eos, FINISH_EOS, jnp.where(stop, FINISH_STOP, s.finish_N)),
         tokens_NT=put(s.tokens_NT, tok),
-        logp_NT=put(s.logp_NT, logp.astype(jnp.float32)),
+        logp_NT=put(s.logp_NT, logp),
         mask_NT=put(s.mask_NT, active),
         injected_NT=put(s.injected_NT, injecting),
-        history_NW=history,
-        in_think_N=in_think,
-        think_count_N=count,
-        inject_pos_N=inject_pos,
+        matchers=matchers,
     )
 
 
-def _check_shapes(
-    cache: KVCache, sp: SamplingParams, N: int, P: int, model_cfg: ModelConfig, cfg: SamplerConfig
+def check_cache(
+    cache: KVCache, num_rows: int, P: int, model_cfg: ModelConfig, cfg: SamplerConfig
 ) -> None:
-    """Raises ValueError for a cache, a prompt group or sampling values that do not fit N x P."""
-    expected = jax.eval_shape(lambda: init_decode_cache(model_cfg, cfg, N, P))
+    """Raises ValueError for a cache that is not `init_decode_cache(..., num_rows, P)`'s."""
+    expected = jax.eval_shape(lambda: init_decode_cache(model_cfg, cfg, num_rows, P))
     describe = lambda c: jax.tree.map(lambda a: (a.shape, str(a.dtype)), c)
     if describe(cache) != describe(expected):
         got, want = (
@@ -115,9 +172,13 @@ def _check_shapes(
             jax.tree.leaves(describe(expected))[:2],
         )
         raise ValueError(
-            f"cache leaves start {got}; {N} rows of bucket {P} with layer_loop="
+            f"cache leaves start {got}; {num_rows} rows of bucket {P} with layer_loop="
             f"{cfg.layer_loop!r} need {want} (see init_decode_cache)"
         )
+
+
+def check_rows(sp: SamplingParams, N: int, cfg: SamplerConfig) -> None:
+    """Raises ValueError for a prompt group or sampling values that do not fit N rows."""
     if N % cfg.prompt_group:
         raise ValueError(f"{N} rows do not split into groups of prompt_group={cfg.prompt_group}")
     for field in dataclasses.fields(sp):
@@ -132,26 +193,18 @@ def _initial_state(
     """The carry before the first token: nothing emitted, each row's uniforms drawn."""
     N = prompt_NP.shape[0]
     T = cfg.max_new_tokens
-    if cfg.think_budget:
-        in_think = stops.prompt_in_think(prompt_NP, prompt_mask_NP, cfg)
-    else:
-        in_think = jnp.zeros((N,), bool)
-    zeros_N = jnp.zeros((N,), jnp.int32)
     return _State(
         step=jnp.zeros((), jnp.int32),
         cache=cache,
         u_NT=row_uniforms(rng, N, T) if cfg.method == "sample" else jnp.ones((N, T)),
-        last_N=zeros_N,
+        last_N=jnp.zeros((N,), jnp.int32),
         done_N=jnp.zeros((N,), bool),
         finish_N=jnp.full((N,), FINISH_LENGTH, jnp.int32),
         tokens_NT=jnp.full((N, T), cfg.pad_id, jnp.int32),
         logp_NT=jnp.zeros((N, T), jnp.float32),
         mask_NT=jnp.zeros((N, T), bool),
         injected_NT=jnp.zeros((N, T), bool),
-        history_NW=jnp.full((N, cfg.match_window), -1, jnp.int32),
-        in_think_N=in_think,
-        think_count_N=zeros_N,
-        inject_pos_N=zeros_N,
+        matchers=initial_matchers(initial_in_think(prompt_NP, prompt_mask_NP, cfg), cfg),
     )
 
 
@@ -186,10 +239,11 @@ def _generate(
     T = cfg.max_new_tokens
     if cache is None:
         cache = init_decode_cache(model_cfg, cfg, N, P)
-    _check_shapes(cache, sp, N, P, model_cfg, cfg)
+    check_cache(cache, N, P, model_cfg, cfg)
+    check_rows(sp, N, cfg)
     prompt_NP = prompt_NP.astype(jnp.int32)
     prompt_lengths_N = prompt_lengths_N.astype(jnp.int32)
-    prompt_mask_NP = jnp.arange(P)[None, :] >= (P - prompt_lengths_N)[:, None]
+    prompt_mask_NP = prompt_mask(prompt_NP, prompt_lengths_N)
 
     logits_NV, cache = decode.prefill(
         params, prompt_NP, prompt_mask_NP, cache, model_cfg, cfg.prompt_group
@@ -235,16 +289,13 @@ def _generate(
 generate = jax.jit(_generate, static_argnames=("model_cfg", "cfg"), donate_argnames=("cache",))
 
 
-def sample(
-    params: transformer.Params,
+def check_prompts(
     prompt_NP: np.ndarray | Array,
     prompt_lengths_N: np.ndarray | Array,
-    rng: Array,
     model_cfg: ModelConfig,
     cfg: SamplerConfig,
-    sp: SamplingParams | None = None,
-) -> Rollout:
-    """`generate` with checks of host inputs and default sampling values (temperature 1).
+) -> None:
+    """Checks host inputs of `sample` (values only when both are numpy arrays).
 
     Raises:
       ValueError: for misshapen prompts, lengths outside [1, P], token ids outside the vocab,
@@ -279,6 +330,25 @@ def sample(
                     f"row {i}'s prompt differs from row {i - i % G}'s, but prompt_group={G} "
                     "prefills one prompt per group of rows"
                 )
+
+
+def sample(
+    params: transformer.Params,
+    prompt_NP: np.ndarray | Array,
+    prompt_lengths_N: np.ndarray | Array,
+    rng: Array,
+    model_cfg: ModelConfig,
+    cfg: SamplerConfig,
+    sp: SamplingParams | None = None,
+) -> Rollout:
+    """`generate` with checks of host inputs and default sampling values (temperature 1).
+
+    Raises:
+      ValueError: for misshapen prompts, lengths outside [1, P], token ids outside the vocab,
+        or (with `cfg.prompt_group` > 1) a group whose rows hold different prompts.
+    """
+    check_prompts(prompt_NP, prompt_lengths_N, model_cfg, cfg)
+    N = prompt_NP.shape[0]
     if sp is None:
         sp = sampling_params(N)
     rollout, _ = generate(
