@@ -27,6 +27,15 @@ whole split). Prompts longer than the largest bucket are counted and skipped. Th
 template (plain text, no chat template, ending in "Assistant: <think>"); the reward is correctness
 (math verifier on the <answer> block, in a process pool) plus 0.1 x the R1 format.
 
+Long answers (`:qwen3_long`): Qwen3-0.6B with its thinking chat template, answers of up to
+4,096 tokens, a thinking budget (after 3,584 tokens inside <think> the sampler injects </think>),
+continuous batching in the rollout (`rl.decode_slots="auto"`: 16 slots for the 64 rows) and the
+microbatch count chosen from compiled memory (`rl.num_microbatches="auto"`, 16 GiB budget):
+  python -m rlvr_jax.main --config=configs/qwen_small.py:qwen3_long --workdir=runs/qwen3_long
+Its memory, compiled on one simulated 16 GiB chip (`python benchmarks/memory.py
+--models=qwen3-0.6b --long=4096 --chip=v5e-1`, benchmarks/README.md): the update of 8 rows x
+4,096 generated tokens with remat fits (see the table there for the figure and its parts).
+
 Expected result: none measured here. This machine has no TPU or GPU and no Qwen weights
 offline, so neither this config nor its figures were run; only its settings are checked
 (tests/test_configs_qwen_small.py). Treat the hyperparameters as a starting point.
@@ -40,7 +49,10 @@ SOURCES = {
     "": "Qwen/Qwen2.5-0.5B-Instruct",
     "qwen2.5": "Qwen/Qwen2.5-0.5B-Instruct",
     "qwen3": "Qwen/Qwen3-0.6B",
+    "qwen3_long": "Qwen/Qwen3-0.6B",
 }
+# Qwen3's <think> and </think> token ids (its tokenizer's added tokens).
+QWEN3_THINK_OPEN, QWEN3_THINK_CLOSE = 151667, 151668
 # The architecture preset of each source (`model.config.PRESETS`), for shape checks.
 PRESETS = {
     "Qwen/Qwen2.5-0.5B-Instruct": "qwen2.5-0.5b",
@@ -84,4 +96,23 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.eval_every = 25
     c.train.checkpoint_every = 25
     c.eval.batch_prompts = 128
+    if arg == "qwen3_long":
+        _long_answers(c)
     return c
+
+
+def _long_answers(c: ml_collections.ConfigDict) -> None:
+    """Thinking mode at 4,096 generated tokens (see the docstring)."""
+    c.data.template = "qwen3_thinking"
+    c.reward.format = "none"  # the chat template's thinking block, not R1's tags
+    c.rl.sampler.max_new_tokens = 4096
+    c.rl.sampler.think_open = (QWEN3_THINK_OPEN,)
+    c.rl.sampler.think_close = (QWEN3_THINK_CLOSE,)
+    c.rl.sampler.think_stop = (QWEN3_THINK_CLOSE,)
+    c.rl.sampler.think_budget = 3584
+    c.rl.decode_slots = "auto"
+    c.rl.num_microbatches = "auto"
+    c.rl.memory_budget_gib = 16.0
+    c.rl.logprob_chunk = 512
+    c.train.batch_prompts = 8
+    c.eval.batch_prompts = 32

@@ -37,3 +37,8 @@ class Rollout:
     injected_NT: Array  # (N, T) bool: forced by the think budget
     lengths_N: Array  # (N,) int32 generated tokens, stop tokens included
     finish_N: Array  # (N,) int32 FINISH_LENGTH / FINISH_EOS / FINISH_STOP
+    # How busy the sampler kept its decode slots, per row so that rows of several rollouts
+    # concatenate: the decode steps of the program that made the row, and the row's equal share
+    # of its slot-steps (slots x emission steps / N). None where no sampler filled them.
+    decode_steps_N: Array | None = None  # (N,) int32
+    slot_steps_N: Array | None = None  # (N,) f32

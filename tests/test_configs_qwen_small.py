@@ -118,3 +118,16 @@ def test_local_path_override_reads_the_shared_copy(monkeypatch):
 def test_unknown_argument_is_named():
     with pytest.raises(ValueError, match="qwen_small.py:llama"):
         qwen_small.get_config("llama")
+
+
+def test_long_answer_setting_thinks_within_a_budget_with_continuous_batching():
+    s = _settings("qwen3_long")
+    assert s.data.template == "qwen3_thinking" and s.reward.verifier == "math"
+    sampler = s.rl.sampler
+    assert sampler.max_new_tokens == 4096 and 0 < sampler.think_budget < 4096
+    assert sampler.think_open == (qwen_small.QWEN3_THINK_OPEN,)
+    assert sampler.think_stop[-len(sampler.think_close) :] == sampler.think_close
+    rows = s.train.batch_prompts * s.rl.group_size
+    assert s.rl.slots_for(rows) == rows // 4  # continuous batching at this length
+    assert s.rl.auto_microbatches and s.rl.memory_budget_gib == 16.0
+    assert templates.get_template(s.data.template).chat

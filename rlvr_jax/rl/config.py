@@ -9,6 +9,12 @@ from rlvr_jax import sampling
 from rlvr_jax.rl import advantages as adv_lib
 from rlvr_jax.rl import losses
 
+# "auto" decode slots turn continuous batching on from this answer length. Measured on a 2-core
+# CPU (benchmarks/README.md, "Rollout"): a long-tailed workload ran 4x faster with N / 8 and
+# N / 16 slots, 128-token SmolLM2 answers only 1.1-1.2x; N / 4 is a middle not yet tuned on an
+# accelerator, where fewer slots also mean smaller decode matmuls.
+CONTINUOUS_FROM_TOKENS = 1024
+
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
@@ -41,6 +47,12 @@ class RLConfig:
         forward sees whole groups in order: always for the old and reference log-probs; for the
         policy loss when there is one minibatch (minibatches shuffle rows, not groups) and each
         microbatch holds whole groups.
+      decode_slots: rows decoded at once in the rollout (continuous batching,
+        `sampling.generate_continuous`): when a row ends its slot takes the next queued row, so
+        short answers do not wait for the longest. A number in [1, N], N being the static
+        sampler; "auto" takes N / 4 slots for answers of `CONTINUOUS_FROM_TOKENS` tokens or
+        more (where the long tail dominates) and the static sampler below that. The tokens are
+        the same either way (each row has its own random stream).
       advantage: the advantage estimator.
       loss: the policy objective.
       sampler: static sampler settings (max_new_tokens, eos ids, stops, top_k, think budget).
@@ -61,6 +73,7 @@ class RLConfig:
     mask_truncated: bool = False
     group_grad_norms: bool = False
     shared_prompt_forward: bool = True
+    decode_slots: int | Literal["auto"] = "auto"
 
     def __post_init__(self):
         for name in ("group_size", "mu", "num_minibatches", "num_microbatches", "logprob_chunk"):
@@ -69,6 +82,10 @@ class RLConfig:
                 continue
             if isinstance(value, str) or value < 1:
                 raise ValueError(f"rl.{name}={value!r} must be at least 1")
+        if self.decode_slots != "auto" and (
+            isinstance(self.decode_slots, str) or self.decode_slots < 1
+        ):
+            raise ValueError(f'rl.decode_slots={self.decode_slots!r} must be >= 1 or "auto"')
         if not self.memory_budget_gib >= 0:
             raise ValueError(f"rl.memory_budget_gib={self.memory_budget_gib} must be >= 0")
         if self.group_size < 2 and self.advantage.estimator in ("grpo", "dr_grpo", "rloo"):
@@ -88,6 +105,16 @@ class RLConfig:
                 "'expert_iteration': expert iteration is SFT on verified samples, set "
                 "rl.loss.policy_loss='reinforce'"
             )
+
+    def slots_for(self, num_rows: int) -> int:
+        """The rollout's decode slots for `num_rows` rows (see `decode_slots`)."""
+        if self.decode_slots == "auto":
+            if self.sampler.max_new_tokens >= CONTINUOUS_FROM_TOKENS and num_rows >= 8:
+                return num_rows // 4
+            return num_rows
+        if self.decode_slots > num_rows:
+            raise ValueError(f"rl.decode_slots={self.decode_slots} exceeds the {num_rows} rows")
+        return self.decode_slots
 
     @property
     def auto_microbatches(self) -> bool:

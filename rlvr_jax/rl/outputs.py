@@ -104,9 +104,13 @@ def rollout_metrics(
         "length/p50": jnp.percentile(lengths, 50),
         "length/p95": jnp.percentile(lengths, 95),
         "length/max": jnp.max(lengths),
+        "length/imbalance": jnp.max(lengths) / jnp.maximum(jnp.mean(lengths), 1.0),
         "length/truncated": jnp.mean((rollout.finish_N == FINISH_LENGTH).astype(float)),
         "rollout/tokens": jnp.sum(lengths),
     }
+    if rollout.slot_steps_N is not None:  # slot-steps that emitted a token / all slot-steps
+        m["rollout/slot_utilisation"] = jnp.sum(lengths) / jnp.sum(rollout.slot_steps_N)
+        m["rollout/decode_steps"] = jnp.max(rollout.decode_steps_N).astype(jnp.float32)
     for name, v in parts.items():
         m[f"reward/{name}"] = jnp.mean(v)
     if "correct" in parts:

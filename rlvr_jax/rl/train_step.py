@@ -67,21 +67,26 @@ def _rollout(
     sampler = rl.sampler
     if rl.shared_prompt_forward and sampler.prompt_group == 1:
         sampler = dataclasses.replace(sampler, prompt_group=rl.group_size)  # one prefill a group
+    slots = rl.slots_for(N)
     cache = None
     if mesh is not None:  # the cache's own layout (see model/sharding.py), not left to propagation
-        cache = sampling.init_decode_cache(model_cfg, sampler, N, P)
+        cache = sampling.init_decode_cache(model_cfg, sampler, slots, P)
         cache = sharding.shard_decode_cache(cache, model_cfg, mesh)
-    rollout, _ = sampling.generate(
-        params,
-        batch.prompt_NP,
-        batch.prompt_lengths_N,
-        rng,
-        sp,
-        cache,
-        model_cfg=model_cfg,
-        cfg=sampler,
+    args = (params, batch.prompt_NP, batch.prompt_lengths_N, rng, sp, cache)
+    if slots < N:  # continuous batching: a slot takes the next row when its row ends
+        rollout, stats, _ = sampling.generate_continuous(
+            *args, model_cfg=model_cfg, cfg=sampler, num_slots=slots
+        )
+        steps, slot_steps = stats.decode_steps, stats.total_slot_steps
+    else:  # every row decodes until the longest ends
+        rollout, _ = sampling.generate(*args, model_cfg=model_cfg, cfg=sampler)
+        longest = jnp.max(rollout.lengths_N)
+        steps, slot_steps = longest - 1, N * longest
+    return dataclasses.replace(
+        rollout,
+        decode_steps_N=jnp.full((N,), steps, jnp.int32),
+        slot_steps_N=jnp.full((N,), slot_steps / N, jnp.float32),
     )
-    return rollout
 
 
 def build_train_step(

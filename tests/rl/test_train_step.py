@@ -280,3 +280,30 @@ def test_expert_iteration_is_sft_on_the_verified_samples(task):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
     with pytest.raises(ValueError, match="policy_loss='ppo_clip'"):
         ts.RLConfig(group_size=G, sampler=task[3], advantage=adv)
+
+
+def test_continuous_batching_gives_the_same_step_and_busier_slots(task):
+    """`rl.decode_slots` < N: slots take queued rows as theirs end; each row keeps its random
+    stream, so the rollout, rewards and update are the static sampler's."""
+    cfg, _, batch, _ = task
+    results = {}
+    for slots in (B * G, 5):  # the static sampler; 5 slots do not divide the 32 rows
+        rl, opt, sched, reward_fn, state = _build(task, decode_slots=slots)
+        step = ts.build_train_step(cfg, rl, opt, sched, reward_fn)
+        results[slots] = step(state, batch(3))
+    (new_a, out_a), (new_b, out_b) = results[B * G], results[5]
+    np.testing.assert_array_equal(out_a.rows.lengths_N, out_b.rows.lengths_N)
+    np.testing.assert_array_equal(out_a.rows.adv_N, out_b.rows.adv_N)
+    for x, y in zip(jax.tree.leaves(new_a.params), jax.tree.leaves(new_b.params), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+    m_a, m_b = jax.device_get((out_a.metrics, out_b.metrics))
+    lengths = np.asarray(out_a.rows.lengths_N)
+    assert float(m_a["rollout/decode_steps"]) == lengths.max() - 1
+    np.testing.assert_allclose(m_a["rollout/slot_utilisation"], lengths.mean() / lengths.max())
+    assert m_b["rollout/decode_steps"] > m_a["rollout/decode_steps"]
+    steps_b = float(m_b["rollout/decode_steps"])
+    np.testing.assert_allclose(
+        m_b["rollout/slot_utilisation"], lengths.sum() / (5 * (steps_b + 1)), rtol=1e-6
+    )
+    for k in m_a.keys() - {"rollout/decode_steps", "rollout/slot_utilisation"}:
+        np.testing.assert_allclose(np.asarray(m_a[k]), np.asarray(m_b[k]), rtol=1e-5, atol=1e-6)
