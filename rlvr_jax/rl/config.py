@@ -9,12 +9,6 @@ from rlvr_jax import sampling
 from rlvr_jax.rl import advantages as adv_lib
 from rlvr_jax.rl import losses
 
-# "auto" decode slots turn continuous batching on from this answer length. Measured on a 2-core
-# CPU (benchmarks/README.md, "Rollout"): a long-tailed workload ran 4x faster with N / 8 and
-# N / 16 slots, 128-token SmolLM2 answers only 1.1-1.2x; N / 4 is a middle not yet tuned on an
-# accelerator, where fewer slots also mean smaller decode matmuls.
-CONTINUOUS_FROM_TOKENS = 1024
-
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
@@ -50,8 +44,8 @@ class RLConfig:
       decode_slots: rows decoded at once in the rollout (continuous batching,
         `sampling.generate_continuous`): when a row ends its slot takes the next queued row, so
         short answers do not wait for the longest. A number in [1, N], N being the static
-        sampler; "auto" takes N / 4 slots for answers of `CONTINUOUS_FROM_TOKENS` tokens or
-        more (where the long tail dominates) and the static sampler below that. The tokens are
+        sampler; "auto" takes `sampling.auto_slots`: N / 4 slots for answers of 1,024 tokens
+        or more (where the long tail dominates), the static sampler below that. The tokens are
         the same either way (each row has its own random stream).
       advantage: the advantage estimator.
       loss: the policy objective.
@@ -109,9 +103,7 @@ class RLConfig:
     def slots_for(self, num_rows: int) -> int:
         """The rollout's decode slots for `num_rows` rows (see `decode_slots`)."""
         if self.decode_slots == "auto":
-            if self.sampler.max_new_tokens >= CONTINUOUS_FROM_TOKENS and num_rows >= 8:
-                return num_rows // 4
-            return num_rows
+            return sampling.auto_slots(num_rows, self.sampler.max_new_tokens)
         if self.decode_slots > num_rows:
             raise ValueError(f"rl.decode_slots={self.decode_slots} exceeds the {num_rows} rows")
         return self.decode_slots

@@ -21,6 +21,7 @@ from rlvr_jax.sampling.choice import choose_tokens, row_uniforms
 from rlvr_jax.sampling.config import METHODS, SamplerConfig, SamplingParams, sampling_params
 from rlvr_jax.sampling.continuous import (
     RolloutStats,
+    auto_slots,
     generate_continuous,
     sample_continuous,
     static_stats,
@@ -40,6 +41,7 @@ __all__ = [
     "RolloutStats",
     "SamplerConfig",
     "SamplingParams",
+    "auto_slots",
     "bucket_and_pad",
     "choose_tokens",
     "completions",

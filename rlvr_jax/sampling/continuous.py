@@ -40,6 +40,19 @@ from rlvr_jax.sampling.config import SamplerConfig, SamplingParams, sampling_par
 from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, Rollout
 
 Array = jax.Array
+# `auto_slots` turns continuous batching on from this answer length. Measured on a 2-core CPU
+# (benchmarks/README.md, "Rollout"): a long-tailed workload ran 4x faster with N / 8 and N / 16
+# slots, 128-token SmolLM2 answers only 1.1-1.2x; N / 4 is a middle not yet tuned on an
+# accelerator, where fewer slots also mean smaller decode matmuls.
+CONTINUOUS_FROM_TOKENS = 1024
+
+
+def auto_slots(num_rows: int, max_new_tokens: int) -> int:
+    """Decode slots for `num_rows` rows where no count is configured: N / 4 for answers of
+    `CONTINUOUS_FROM_TOKENS` tokens or more, else N (the static sampler)."""
+    if max_new_tokens >= CONTINUOUS_FROM_TOKENS and num_rows >= 8:
+        return num_rows // 4
+    return num_rows
 
 
 @jax.tree_util.register_dataclass

@@ -20,6 +20,7 @@ import numpy as np
 from rlvr_jax.model import transformer
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.sampling.config import SamplerConfig, SamplingParams, sampling_params
+from rlvr_jax.sampling.continuous import auto_slots, sample_continuous
 from rlvr_jax.sampling.loop import sample
 from rlvr_jax.types import Rollout
 
@@ -93,6 +94,7 @@ def generate_in_batches(
     group_size: int = 1,
     sp: SamplingParams | None = None,
     seed: int = 0,
+    num_slots: int | None = None,
 ) -> Any:
     """Samples `group_size` completions of every prompt in fixed-shape batches and scores them.
 
@@ -115,6 +117,8 @@ def generate_in_batches(
       group_size: G, samples per prompt.
       sp: `SamplingParams` of the N rows; None for temperature 1 and no truncation.
       seed: the sampling seed.
+      num_slots: decode slots for the N rows of a batch (continuous batching when fewer than
+        N; the rows are the same either way); None takes `auto_slots`.
 
     Returns:
       `score`'s pytree, each leaf a numpy array of the rows of real prompts only, batches
@@ -132,6 +136,7 @@ def generate_in_batches(
     cfg = dataclasses.replace(cfg, prompt_group=G)
     if sp is None:
         sp = sampling_params(B * G)
+    slots = auto_slots(B * G, cfg.max_new_tokens) if num_slots is None else num_slots
     key = jax.random.key(seed)
     parts = []
     for i, start in enumerate(range(0, len(prompts), B)):
@@ -139,9 +144,11 @@ def generate_in_batches(
         real = len(prompt_ids)
         prompt_ids += [prompt_ids[-1]] * (B - real)
         prompt_NP, lengths_N = bucket_and_pad([prompts[j] for j in prompt_ids], buckets, pad_id, G)
-        rollout = sample(
-            params, prompt_NP, lengths_N, jax.random.fold_in(key, i), model_cfg, cfg, sp
-        )
+        args = (params, prompt_NP, lengths_N, jax.random.fold_in(key, i), model_cfg, cfg)
+        if slots < B * G:
+            rollout, _ = sample_continuous(*args, num_slots=slots, sp=sp)
+        else:
+            rollout = sample(*args, sp)
         scored = jax.device_get(score(rollout, prompt_ids))
         parts.append(jax.tree.map(lambda x, n=real * G: np.asarray(x)[:n], scored))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)

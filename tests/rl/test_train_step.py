@@ -174,7 +174,7 @@ def test_shared_prompt_forward_gives_the_same_update(task, kwargs):
         sgd = optax.sgd(0.1)
         state = dataclasses.replace(state, opt_state=sgd.init(state.params))
         step = ts.build_train_step(cfg, rl, sgd, sched, reward_fn)
-        results.append(step(state, batch(6, b=16)))
+        results.append(step(state, batch(6)))
     (new_a, out_a), (new_b, out_b) = results
     m_a, m_b = out_a.metrics, out_b.metrics
     assert float(m_a["grad_norm"]) > 0
