@@ -4,6 +4,14 @@ Command (CPU, nothing is allocated: the programs are compiled on ShapeDtypeStruc
   python benchmarks/memory.py
   python benchmarks/memory.py --models=qwen2.5-7b --rows=8 --length=1024 --mesh=1,8,1
   python benchmarks/memory.py --no_table --microbatches=8 --search=64x1024,128x1024
+  python benchmarks/memory.py --models=qwen2.5-7b,qwen3-8b --long=4096,8192,16384,32768
+  python benchmarks/memory.py --models=qwen2.5-7b,qwen3-8b --long=16384,32768 --chip=v5p-8
+  python benchmarks/memory.py --models=qwen2.5-0.5b,qwen3-0.6b --long=4096,16384 --chip=v5e-1
+
+`--long` prints the long-answer table instead: for each model and generated length, the fewest
+microbatches (1, 2, 4, 8) of one group of G rows whose update fits the chip (`--chip`: v5e-8,
+8 x 16 GiB; v5p-8, 4 x 95 GiB; v5e-1, one 16 GiB chip), what holds its peak, and the rollout
+rows that fit.
 
 Eight fake CPU devices stand in for the eight 16 GiB chips of a v5e-8; the programs are the ones
 `train_step.build_update` and `build_rollout` jit, with the shardings of
@@ -55,6 +63,7 @@ from rlvr_jax import sampling  # noqa: E402
 from rlvr_jax.model import sharding  # noqa: E402
 from rlvr_jax.model.config import PRESETS  # noqa: E402
 from rlvr_jax.model.transformer import count_params, param_shapes  # noqa: E402
+from rlvr_jax.rl import memory as memory_lib  # noqa: E402
 from rlvr_jax.rl import sharding_plan  # noqa: E402
 from rlvr_jax.rl import state as state_lib  # noqa: E402
 from rlvr_jax.rl import train_step as ts  # noqa: E402
@@ -99,10 +108,8 @@ class Memory:
 
 
 def _memory(compiled, seconds: float) -> Memory:
-    m = compiled.memory_analysis()
-    args, outs, temps = m.argument_size_in_bytes, m.output_size_in_bytes, m.temp_size_in_bytes
-    total = args + outs - m.alias_size_in_bytes + temps
-    return Memory(args, outs, temps, total, seconds)
+    m = memory_lib.program_memory(compiled)
+    return Memory(m.arguments, m.outputs, m.temps, m.total, seconds)
 
 
 def measure(
@@ -116,9 +123,13 @@ def measure(
     what: str,
     logprob_chunk: int = 512,
     microbatches: int = 1,
+    attention: str = "auto",
 ):
     """Compiles the update or the rollout of `rows` rows and returns its per-device Memory."""
-    cfg = PRESETS[name].replace(dtype="bfloat16", param_dtype="bfloat16", remat=remat)
+    cfg = PRESETS[name].replace(
+        dtype="bfloat16", param_dtype="bfloat16", remat=remat, attention=attention
+    )
+    cfg = cfg.replace(max_position_embeddings=max(cfg.max_position_embeddings, prompt + length))
     sampler = sampling.SamplerConfig(max_new_tokens=length, eos_ids=(0,), layer_loop="scan")
     rl = ts.RLConfig(
         group_size=G,
@@ -160,6 +171,78 @@ def measure(
     return _memory(compiled, time.time() - t0), count_params(params)
 
 
+# Simulated chips: (devices, per-device bytes). A v5p-8 slice is 4 chips of 95 GiB.
+CHIPS = {"v5e-8": (8, 16 * GiB), "v5p-8": (4, 95 * GiB), "v5e-1": (1, 16 * GiB)}
+
+
+def _breakdown(name: str, m: Memory, rows_per_device: int, length: int, prompt: int, chunk: int):
+    """What holds the update's peak: the compiled arguments (parameters, optimizer state,
+    rollout), and by arithmetic the remat checkpoints (one bf16 (rows, P + T, D) residual per
+    layer boundary) and one log-prob chunk of f32 logits with their gradient; the rest of the
+    temporaries is one layer's recomputed working set and the optimizer update."""
+    cfg = PRESETS[name]
+    checkpoints = cfg.num_layers * rows_per_device * (prompt + length) * cfg.embed_dim * 2
+    logits = 2 * rows_per_device * chunk * cfg.vocab_size * 4
+    rest = max(m.total - m.arguments - checkpoints - logits, 0)
+    gib = lambda b: f"{b / GiB:.2f}"  # noqa: E731
+    return f"{gib(m.arguments)} | {gib(checkpoints)} | {gib(logits)} | {gib(rest)}"
+
+
+def long_context(models: list[str], lengths: list[int], chip: str, prompt: int, chunk: int):
+    """The long-answer table: for each model and generated length, the fewest microbatches of
+    one group (G rows) whose update (remat) fits the chip, what holds its peak, and how many
+    rollout rows fit next to the parameters."""
+    devices, hbm = CHIPS[chip]
+    mesh = sharding.make_mesh(sharding.MeshConfig(1, devices, 1))
+    print(
+        f"{chip}: {devices} simulated devices of {hbm / GiB:.0f} GiB, fsdp={devices}; update of "
+        f"G={G} rows (one prompt of {prompt} tokens) with remat, bf16 parameters, f32 Adam, "
+        f"log-prob chunk {chunk}; rollout rows that fit by extrapolating the compiled {G}-row "
+        "rollout (all but its parameters grows with rows)\n"
+    )
+    print(
+        "| model | generated | microbatches | update GiB | fits | arguments | remat checkpoints "
+        "| logits | layer + optimizer | rollout GiB (8 rows) | rollout rows that fit |"
+    )
+    print("|---" * 11 + "|")
+    longest = {}
+    for name in models:
+        for length in lengths:
+            fits, m, micro = False, None, None
+            for micro in (c for c in (1, 2, 4, 8) if G % c == 0):
+                m, _ = measure(
+                    name,
+                    mesh,
+                    remat=True,
+                    rows=G,
+                    prompt=prompt,
+                    length=length,
+                    what="update",
+                    logprob_chunk=chunk,
+                    microbatches=micro,
+                )
+                if m.total <= hbm:
+                    fits = True
+                    break
+            r, _ = measure(
+                name, mesh, remat=False, rows=G, prompt=prompt, length=length, what="rollout"
+            )
+            params = count_params(param_shapes(PRESETS[name])) * 2 / devices
+            per_row = max(r.total - params, 1) / G
+            rollout_rows = int((hbm - params) // per_row) // devices * devices
+            per_device = max(G // (micro * devices), 1)
+            print(
+                f"| {name} | {length} | {micro} | {m.total / GiB:.2f} | "
+                f"{'yes' if fits else 'no'} | "
+                f"{_breakdown(name, m, per_device, length, prompt, chunk)} | "
+                f"{r.total / GiB:.2f} | {max(rollout_rows, 0)} |",
+                flush=True,
+            )
+            if fits:
+                longest[name] = length
+    print(f"\nLongest generated length whose update fits a {chip} chip:", longest)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="qwen2.5-0.5b,qwen2.5-7b,qwen3-8b")
@@ -181,6 +264,12 @@ def main() -> None:
         help="keep XLA:CPU's while-loop invariant code motion (see the module docstring)",
     )
     ap.add_argument("--platform", default="cpu")
+    ap.add_argument(
+        "--long",
+        default="",
+        help="generated lengths for the long-answer table (e.g. 4096,8192,16384,32768)",
+    )
+    ap.add_argument("--chip", default="v5e-8", choices=sorted(CHIPS))
     args = ap.parse_args()
     if args.platform == "cpu" and not args.cpu_hoisting:
         flag = "--xla_disable_hlo_passes=while-loop-invariant-code-motion"
@@ -188,7 +277,11 @@ def main() -> None:
     sizes = dict(logprob_chunk=args.logprob_chunk, microbatches=args.microbatches)
     jax.config.update("jax_platforms", args.platform)
     if args.platform == "cpu":
-        jax.config.update("jax_num_cpu_devices", 8)
+        jax.config.update("jax_num_cpu_devices", CHIPS[args.chip][0] if args.long else 8)
+    if args.long:
+        lengths = [int(x) for x in args.long.split(",")]
+        long_context(args.models.split(","), lengths, args.chip, args.prompt, args.logprob_chunk)
+        return
     mesh = sharding.make_mesh(sharding.MeshConfig(*(int(x) for x in args.mesh.split(","))))
     print(
         f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} devices; "
