@@ -32,9 +32,11 @@ Long answers (`:qwen3_long`): Qwen3-0.6B with its thinking chat template, answer
 continuous batching in the rollout (`rl.decode_slots="auto"`: 16 slots for the 64 rows) and the
 microbatch count chosen from compiled memory (`rl.num_microbatches="auto"`, 16 GiB budget):
   python -m rlvr_jax.main --config=configs/qwen_small.py:qwen3_long --workdir=runs/qwen3_long
-Its memory, compiled on one simulated 16 GiB chip (`python benchmarks/memory.py
---models=qwen3-0.6b --long=4096 --chip=v5e-1`, benchmarks/README.md): the update of 8 rows x
-4,096 generated tokens with remat fits (see the table there for the figure and its parts).
+Its memory: `rl.num_microbatches="auto"` compiles the step before the first one and keeps the
+fewest microbatches that fit 16 GiB. Qwen3-0.6B itself was not compiled here; the nearest figure
+is Qwen2.5-0.5B's update of 8 rows x 4,096 generated tokens with remat on one simulated 16 GiB
+chip, 13.43 GiB in one microbatch (`python benchmarks/memory.py --models=qwen2.5-0.5b
+--long=4096 --chip=v5e-1`, benchmarks/README.md).
 
 Expected result: none measured here. This machine has no TPU or GPU and no Qwen weights
 offline, so neither this config nor its figures were run; only its settings are checked
