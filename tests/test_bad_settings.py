@@ -61,6 +61,8 @@ BAD = [
     ("rl__num_microbatches", "many", "rl.num_microbatches='many'"),
     ("rl__num_microbatches", 0, "num_microbatches=0 must be at least 1"),
     ("rl__memory_budget_gib", -1.0, "memory_budget_gib=-1.0 must be >= 0"),
+    ("rl__decode_slots", 0, "rl.decode_slots=0 must be >= 1"),
+    ("rl__decode_slots", 1000, "rl.decode_slots=1000 exceeds the 64 rows"),
 ]
 
 

@@ -285,6 +285,10 @@ def settings_from_config(config: Any, check_devices: bool = True) -> Settings:
     if max(s.data.buckets) + s.rl.sampler.max_new_tokens > 1 << 20:
         raise ConfigError(f"data.buckets={s.data.buckets} too long")
     s.rl.check_rows(s.train.batch_prompts * s.rl.group_size)
+    try:
+        s.rl.slots_for(s.train.batch_prompts * s.rl.group_size)  # more decode slots than rows
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     if s.train.stage == "rl" and check_devices:
         check_mesh(s, jax.device_count())
     return s
