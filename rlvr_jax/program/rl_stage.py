@@ -8,7 +8,10 @@ on the task, not on the loop:
 * a task with a JAX verifier: rollout, reward and update are one jitted program;
 * a host verifier (the pool): jitted rollout -> `Task.score` on the host -> jitted update;
 * DAPO dynamic sampling: rounds of the latter until the batch holds B groups with reward
-  variance (`rl.dynamic_sampling`).
+  variance (`rl.dynamic_sampling`);
+* Kimi k1.5 partial rollouts: rounds of at most `rl.partial_budget` tokens per row until B
+  groups have ended (`rl.partial`); the rows still running are kept in the data state, and so in
+  the checkpoint.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from rlvr_jax.program.run import Stage, run_stage
 from rlvr_jax.program.settings import Settings
 from rlvr_jax.rl import dynamic_sampling, sharding_plan
 from rlvr_jax.rl import memory as memory_lib
+from rlvr_jax.rl import partial as partial_lib
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
 from rlvr_jax.rl.state import TrainState
@@ -61,6 +65,41 @@ def make_batch(
     return ts.Batch(jnp.asarray(prompt_NP), jnp.asarray(lengths_N), task.targets(rows))
 
 
+def fused_step(s: Settings, task: Task) -> bool:
+    """Whether the stage's step is one program: a JAX verifier and one rollout per step."""
+    return task.jax_parts is not None and not s.data.dynamic_sampling and not s.rl.partial_budget
+
+
+@dataclasses.dataclass(frozen=True)
+class PartialState:
+    """The data state of a stage with partial rollouts: the prompt sampler's, and the groups
+    started but not yet trained on, oldest first."""
+
+    inner: Any
+    pending: tuple[partial_lib.PendingGroup, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class PartialSampler:
+    """A prompt sampler whose state also holds the pending groups of partial rollouts, so that
+    the checkpoint keeps them (`run.DataSampler`)."""
+
+    inner: Any
+    max_new_tokens: int
+    pad_id: int
+
+    def init(self, seed: int) -> PartialState:
+        return PartialState(self.inner.init(seed))
+
+    def state_dict(self, state: PartialState) -> dict:
+        return {**self.inner.state_dict(state.inner), **partial_lib.to_arrays(state.pending)}
+
+    def load_state_dict(self, d: dict) -> PartialState:
+        own, pending = partial_lib.split_arrays(d)
+        groups = partial_lib.from_arrays(pending, self.max_new_tokens, self.pad_id)
+        return PartialState(self.inner.load_state_dict(own), tuple(groups))
+
+
 def build_rl_step(
     s: Settings,
     model_cfg: ModelConfig,
@@ -75,13 +114,22 @@ def build_rl_step(
     G, B = s.rl.group_size, s.train.batch_prompts
     optimizer = state_lib.make_optimizer(s.optim)
     schedule = state_lib.learning_rate_schedule(s.optim)
-    fused = task.jax_parts is not None and not s.data.dynamic_sampling
+    fused = fused_step(s, task)
     if fused:
         reward_fn = jax_reward_fn(task, s.reward, G)
         step_fn = ts.build_train_step(model_cfg, s.rl, optimizer, schedule, reward_fn, plan)
     else:
         rollout_fn = ts.build_rollout(model_cfg, s.rl, plan)
         update_fn = ts.build_update(model_cfg, s.rl, optimizer, schedule, plan)
+    T = s.rl.sampler.max_new_tokens
+    if s.rl.partial_budget:
+        # A round: each row's prompt and tokens so far (so no prompt group), `budget` new tokens.
+        segment_sampler = dataclasses.replace(
+            s.rl.sampler, max_new_tokens=min(s.rl.partial_budget, T), prompt_group=1
+        )
+        segment_rl = dataclasses.replace(s.rl, sampler=segment_sampler, shared_prompt_forward=False)
+        segment_fn = ts.build_rollout(model_cfg, segment_rl, plan)
+        context_buckets = (*s.data.buckets, max(s.data.buckets) + T)
     timer = metrics_lib.StageTimer()
 
     def select(sampler_state):
@@ -137,12 +185,67 @@ def build_rl_step(
         attempts = [(r.examples, r.parts["correct"].reshape(-1, G)) for r in rounds]
         return state, sampler_state, out, fill_metrics, attempts
 
-    run_batch = dynamic_batch if s.data.dynamic_sampling else one_batch
+    def partial_round(state, groups):
+        """Decodes up to the budget after each row of `groups`; returns the state, the tokens
+        kept, the round's slot-steps and decode steps."""
+        with timer.stage("rollout"):
+            ctx = partial_lib.contexts(groups)
+            prompt_NP, lengths_N = sampling.bucket_and_pad(ctx, context_buckets, pad_id)
+            batch = ts.Batch(jnp.asarray(prompt_NP), jnp.asarray(lengths_N))
+            version = int(jax.device_get(state.step))
+            state, key = ts.split_rollout_key(state)
+            seg = jax.device_get(segment_fn(state.params, sharding.place(batch, plan.rows), key))
+        kept = partial_lib.absorb(groups, seg, version)
+        return state, kept, float(np.sum(seg.slot_steps_N)), int(seg.decode_steps_N[0])
 
-    def step(state, sampler_state):
+    def partial_batch(state, data: PartialState):
+        inner, pending = data.inner, list(data.pending)
+        rounds, kept, slot_steps, decode_steps = 0, 0, 0.0, 0
+        while sum(g.complete for g in pending) < B:
+            groups = partial_lib.round_groups(pending, B)
+            if len(groups) < B:
+                with timer.stage("prompt_selection"):
+                    inner, idx = sampler.next(inner, B - len(groups))
+                fresh = [partial_lib.new_group(i, encoded.ids[i], G, T, pad_id) for i in idx]
+                pending += fresh
+                groups += fresh
+            state, k, slots, steps = partial_round(state, groups)
+            rounds, kept, slot_steps, decode_steps = (
+                rounds + 1,
+                kept + k,
+                slot_steps + slots,
+                decode_steps + steps,
+            )
+        done = [g for g in pending if g.complete][:B]
+        pending = [g for g in pending if all(g is not d for d in done)]
+        rollout = partial_lib.training_rollout(done, s.data.buckets, pad_id)
+        chosen = [encoded.examples[g.example] for g in done]
+        with timer.stage("verification"):
+            rows = [ex for ex in chosen for _ in range(G)]
+            rewards, parts = host_rewards(task, rollout, rows, s.reward, G)
+        extra = {
+            **partial_lib.lag_metrics(done, int(jax.device_get(state.step))),
+            "partial/rounds": rounds,
+            "partial/running_groups": sum(not g.complete for g in pending),
+            "partial/waiting_groups": sum(g.complete for g in pending),
+            "rollout/slot_utilisation": kept / max(slot_steps, 1.0),
+            "rollout/decode_steps": decode_steps,
+        }
+        state, out = update(state, rollout, rewards, parts)
+        attempts = [(chosen, np.asarray(out.rows.correct_N).reshape(-1, G))]
+        return state, PartialState(inner, tuple(pending)), out, extra, attempts
+
+    run_batch = one_batch
+    if s.data.dynamic_sampling:
+        run_batch = dynamic_batch
+    elif s.rl.partial_budget:
+        run_batch = partial_batch
+
+    def step(state, data_state):
         with timer.stage("step"):
-            state, sampler_state, out, extra, attempts = run_batch(state, sampler_state)
+            state, data_state, out, extra, attempts = run_batch(state, data_state)
             metrics = {**out.metrics, **extra, **task.stats()}
+        sampler_state = data_state.inner if s.rl.partial_budget else data_state
         for examples, success_BG in attempts:
             sampler_state = sampler.update(
                 sampler_state, [ex.id for ex in examples], np.asarray(success_BG)
@@ -154,6 +257,8 @@ def build_rl_step(
         metrics.update(timer.metrics())
         if s.data.sampler == "curriculum":
             metrics.update(curriculum_lib.summary_stats(sampler_state))
+        if s.rl.partial_budget:
+            return state, dataclasses.replace(data_state, inner=sampler_state), metrics
         return state, sampler_state, metrics
 
     return step
@@ -179,7 +284,7 @@ def resolve_microbatches(
         return s
     optimizer = state_lib.make_optimizer(s.optim)
     schedule = state_lib.learning_rate_schedule(s.optim)
-    fused = task.jax_parts is not None and not s.data.dynamic_sampling
+    fused = fused_step(s, task)
 
     def measure(rl) -> memory_lib.ProgramMemory:
         if fused:
@@ -258,7 +363,9 @@ def run(
             name="RL",
             steps=s.train.steps,
             state=state,
-            sampler=sampler,
+            sampler=sampler
+            if not s.rl.partial_budget
+            else PartialSampler(sampler, s.rl.sampler.max_new_tokens, tok.pad_id),
             step=build_rl_step(step_s, model_cfg, task, sampler, enc_train, plan, tok.pad_id),
             evaluate=heldout_evaluator(model_cfg, s, task, tok, enc_eval.ids, enc_eval.examples),
             ref_source=None if s.model.source.startswith("random:") else s.model.source,

@@ -289,6 +289,11 @@ def settings_from_config(config: Any, check_devices: bool = True) -> Settings:
         s.rl.slots_for(s.train.batch_prompts * s.rl.group_size)  # more decode slots than rows
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    if s.rl.partial_budget and s.data.dynamic_sampling:
+        raise ConfigError(
+            f"rl.partial_budget={s.rl.partial_budget} with data.dynamic_sampling=True: both run "
+            "rounds of rollouts per step; choose one"
+        )
     if s.train.stage == "rl" and check_devices:
         check_mesh(s, jax.device_count())
     return s

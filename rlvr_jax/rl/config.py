@@ -47,6 +47,11 @@ class RLConfig:
         sampler; "auto" takes `sampling.auto_slots`: N / 4 slots for answers of 1,024 tokens
         or more (where the long tail dominates), the static sampler below that. The tokens are
         the same either way (each row has its own random stream).
+      partial_budget: Kimi k1.5's partial rollouts (`rl.partial`): 0 is off; otherwise each step
+        runs rounds in which every row decodes at most this many more tokens, a row that has not
+        ended carries over to the next round or step, and the step trains on the first B
+        groups whose rows have all ended. Tokens an older policy sampled are corrected by
+        `loss.tis_cap`, which must be set; the think budget is refused.
       advantage: the advantage estimator.
       loss: the policy objective.
       sampler: static sampler settings (max_new_tokens, eos ids, stops, top_k, think budget).
@@ -68,6 +73,7 @@ class RLConfig:
     group_grad_norms: bool = False
     shared_prompt_forward: bool = True
     decode_slots: int | Literal["auto"] = "auto"
+    partial_budget: int = 0
 
     def __post_init__(self):
         for name in ("group_size", "mu", "num_minibatches", "num_microbatches", "logprob_chunk"):
@@ -80,6 +86,8 @@ class RLConfig:
             isinstance(self.decode_slots, str) or self.decode_slots < 1
         ):
             raise ValueError(f'rl.decode_slots={self.decode_slots!r} must be >= 1 or "auto"')
+        if self.partial_budget:
+            self._check_partial()
         if not self.memory_budget_gib >= 0:
             raise ValueError(f"rl.memory_budget_gib={self.memory_budget_gib} must be >= 0")
         if self.group_size < 2 and self.advantage.estimator in ("grpo", "dr_grpo", "rloo"):
@@ -98,6 +106,21 @@ class RLConfig:
                 f"rl.loss.policy_loss={self.loss.policy_loss!r} with rl.advantage.estimator="
                 "'expert_iteration': expert iteration is SFT on verified samples, set "
                 "rl.loss.policy_loss='reinforce'"
+            )
+
+    def _check_partial(self) -> None:
+        budget = self.partial_budget
+        if isinstance(budget, str) or budget < 0:
+            raise ValueError(f"rl.partial_budget={budget!r} must be >= 0 (0 turns it off)")
+        if self.loss.tis_cap is None:
+            raise ValueError(
+                f"rl.partial_budget={budget} trains on tokens that older policies sampled; set "
+                "rl.loss.tis_cap (e.g. 2.0) so that their loss is importance-weighted"
+            )
+        if self.sampler.think_budget:
+            raise ValueError(
+                f"rl.partial_budget={budget} with rl.sampler.think_budget="
+                f"{self.sampler.think_budget}: a resumed row's thinking count would restart"
             )
 
     def slots_for(self, num_rows: int) -> int:
