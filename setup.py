@@ -35,6 +35,7 @@ setup(
         # torch is the CPU reference for parity tests and benchmarks only.
         "test": [
             "pytest>=8.0",
+            "pytest-xdist>=3.5",
             "torch==2.13.0",
             "accelerate>=1.0.0",
             "ruff>=0.8.0",

@@ -160,8 +160,8 @@ def test_microbatches_give_the_full_batch_update(task, aggregation):
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(num_microbatches=2),  # the policy forward, on whole groups
-        dict(mu=2, loss=losses.LossConfig(kl_beta=0.05)),  # old and reference log-probs too
+        # The policy forward on whole groups, and the old and reference log-probs too.
+        dict(num_microbatches=2, mu=2, loss=losses.LossConfig(kl_beta=0.05)),
         dict(num_minibatches=2, group_grad_norms=True),  # shuffled rows: only per-group norms
     ],
 )
