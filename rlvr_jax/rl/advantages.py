@@ -79,7 +79,9 @@ class AdvantageConfig:
           rewards is *not* zeroed here: it is compared with the batch, by definition.
         - "reinforce_pp_baseline": group mean subtracted, then the centred values whitened over
           the whole batch, `(a - mean_batch(a)) / (std_batch(a) + eps)` (REINFORCE++-baseline,
-          Hu et al. 2025). Its `std_scaling` is "batch", meaning this whitening.
+          Hu et al. 2025). Its `std_scaling` is "batch", meaning this whitening. One value per
+          completion is whitened; verl whitens over tokens (each completion's value repeated on
+          its tokens), which weighs long completions more in the mean and std.
         - "expert_iteration": 1 for a verified-correct completion, 0 otherwise: supervised
           fine-tuning on the model's own verified answers (expert iteration / rejection-sampling
           fine-tuning, Anthony et al. 2017; RAFT, Dong et al. 2023), the baseline RL is compared

@@ -1,4 +1,5 @@
-"""Policy losses over N = B*G completions of T tokens: clipped PPO, REINFORCE, GSPO; KL; entropy.
+"""Policy losses over N = B*G completions of T tokens: clipped PPO, REINFORCE, GSPO, CISPO, SAPO;
+KL; entropy; importance corrections for the sampler's log-probs (TIS, IcePop).
 
 Shapes: `logp_NT` the current policy's log-probs of the sampled tokens, `old_logp_NT` those of the
 policy that the advantages refer to (the trainer's recomputation at sampling time), `ref_logp_NT`
@@ -27,24 +28,31 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-PolicyLoss = Literal["ppo_clip", "reinforce", "gspo"]
+PolicyLoss = Literal["ppo_clip", "reinforce", "gspo", "cispo", "sapo"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo_constant"]
-KLEstimator = Literal["k1", "k2", "k3"]
+KLEstimator = Literal["k1", "k2", "k3", "k3_plus", "low_var_kl"]
+TISLevel = Literal["token", "sequence"]
 KLIn = Literal["loss", "reward"]
 
-POLICY_LOSSES: tuple[str, ...] = ("ppo_clip", "reinforce", "gspo")
+POLICY_LOSSES: tuple[str, ...] = ("ppo_clip", "reinforce", "gspo", "cispo", "sapo")
 AGGREGATIONS: tuple[str, ...] = (
     "token_mean",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
     "dr_grpo_constant",
 )
-KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
+KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "k3_plus", "low_var_kl")
+TIS_LEVELS: tuple[str, ...] = ("token", "sequence")
 KL_INS: tuple[str, ...] = ("loss", "reward")
 
 # k3 exponentiates the log ratio; a token the reference finds 1e-30 times less likely must not
-# turn into inf (and NaN gradients). Same bound as verl's low_var_kl.
+# turn into inf (and NaN gradients): here the log ratio is clamped to [-10, 10] and the value is
+# not. verl's low_var_kl (the "low_var_kl" estimator) clamps the log ratio to [-20, 20] and then
+# the value itself to [-10, 10], which also zeroes the gradient of tokens whose k3 exceeds 10.
 KL_LOG_RATIO_CLAMP = 10.0
+VERL_LOG_RATIO_CLAMP = 20.0
+VERL_VALUE_CLAMP = 10.0
+LOG_WEIGHT_CLAMP = 20.0  # importance weights of the sampler's tokens stay within e^{+-20}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,12 +70,23 @@ class LossConfig:
           token form (GSPO-token with one advantage per sequence): each token carries ratio value
           s and gradient `s grad log pi_t`, so with "seq_mean_token_mean" the loss and gradient
           are the paper's sequence-level ones. GSPO uses far smaller clip ranges (3e-4, 4e-4).
-      clip_low: eps_low: the ratio is clipped below at 1 - clip_low (for A < 0).
+        - "cispo": `-sg(clip(r, 1 - clip_low, 1 + clip_high)) A log pi` (CISPO, MiniMax-M1,
+          2025): the importance weight is clipped and stopped, never the gradient, so every
+          token keeps its `grad log pi` (PPO's clip drops the gradient of clipped tokens).
+          MiniMax-M1 clips only above (a large clip_low, e.g. 0.999 here for "no lower bound").
+        - "sapo": `-f(r) A` with the soft gate `f(r) = 4 / tau * sigmoid(tau (r - 1))` (SAPO,
+          Gao et al. 2025), tau = `sapo_tau_pos` where A > 0 and `sapo_tau_neg` otherwise: the
+          gradient weight `4 s (1 - s)`, s = sigmoid(tau (r - 1)), is 1 on-policy and decays
+          smoothly as r leaves 1 instead of dropping to 0 at a clip boundary.
+      clip_low: eps_low: the ratio is clipped below at 1 - clip_low (for A < 0; for "cispo" the
+        importance weight, whatever the sign of A).
       clip_high: eps_high: the ratio is clipped above at 1 + clip_high (for A > 0). A larger
         value than clip_low is DAPO's clip-higher (Yu et al. 2025; 0.2 and 0.28 there).
       dual_clip: None, or c > 1: for A < 0 the per-token loss is additionally capped at `-c A`,
         so a token whose ratio has exploded cannot dominate the update (dual-clip PPO, Ye et al.
         2020). ppo_clip and gspo only.
+      sapo_tau_pos, sapo_tau_neg: SAPO's gate temperatures for positive and negative advantages
+        (1.0 and 1.05 in the paper: negative advantages decay faster).
       aggregation: how token losses become one number (see `token_weights`, `loss_normalizer`).
         - "token_mean": sum over all tokens / number of tokens in the batch (DAPO's token-level
           loss: long completions are not down-weighted per token).
@@ -80,7 +99,9 @@ class LossConfig:
         "Approximating KL divergence", with `d = log pi - log pi_ref`:
         "k1" = d (unbiased, high variance, may be negative), "k2" = d^2 / 2 (biased, low
         variance), "k3" = exp(-d) + d - 1 (unbiased, non-negative; the GRPO choice), with -d
-        clamped to [-10, 10].
+        clamped to [-10, 10]. "k3_plus": the value of k3 with the gradient of k2 (`d grad d`,
+        the gradient of the reverse KL in expectation, which k3's own gradient is not).
+        "low_var_kl": verl's k3, -d clamped to [-20, 20] and then the value to [-10, 10].
       kl_beta: weight of the KL term; 0 disables it and the reference model is not needed.
       kl_in: "loss" adds `kl_beta * kl` per token to the loss (GRPO); "reward" subtracts the
         summed KL from each completion's reward before the advantages (PPO-RLHF, REINFORCE++;
@@ -91,6 +112,13 @@ class LossConfig:
         importance weight `min(pi_old / pi_sampler, C)` (stop-gradient), correcting for the
         sampler's numerics differing from the trainer's (truncated importance sampling, Yao et
         al. 2025, "Your efficient RL framework secretly brings you off-policy RL training").
+      tis_level: "token" (each token's own ratio) or "sequence" (one weight per completion,
+        `min(prod_t pi_old / pi_sampler, C)`, on all its tokens: unbiased for a sequence-level
+        objective, higher variance).
+      icepop_low, icepop_high: IcePop (Ring-1T, inclusionAI 2025): weight each token's
+        policy-gradient loss by k = pi_old / pi_sampler where `icepop_low <= k <= icepop_high`
+        and drop the token from it otherwise (its gradient is zero; it still counts in the
+        normaliser). 0 for `icepop_high` is off; the paper uses 0.5 and 5. Not with `tis_cap`.
     """
 
     policy_loss: PolicyLoss = "ppo_clip"
@@ -103,6 +131,11 @@ class LossConfig:
     kl_in: KLIn = "loss"
     entropy_coef: float = 0.0
     tis_cap: float | None = None
+    tis_level: TISLevel = "token"
+    icepop_low: float = 0.0
+    icepop_high: float = 0.0
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
 
     def __post_init__(self):
         def number(name: str, lo: float, lo_open: bool = False, hi: float = math.inf):
@@ -118,6 +151,7 @@ class LossConfig:
             ("aggregation", AGGREGATIONS),
             ("kl_estimator", KL_ESTIMATORS),
             ("kl_in", KL_INS),
+            ("tis_level", TIS_LEVELS),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}={getattr(self, name)!r}; expected one of {choices}")
@@ -127,13 +161,30 @@ class LossConfig:
         number("entropy_coef", -math.inf)
         if self.dual_clip is not None:
             number("dual_clip", 1.0, lo_open=True)
-            if self.policy_loss == "reinforce":
+            if self.policy_loss not in ("ppo_clip", "gspo"):
                 raise ValueError(
                     f"dual_clip={self.dual_clip} applies to the clipped losses (ppo_clip, gspo), "
-                    "not policy_loss='reinforce'"
+                    f"not policy_loss={self.policy_loss!r}"
                 )
         if self.tis_cap is not None:
             number("tis_cap", 0.0, lo_open=True)
+        number("sapo_tau_pos", 0.0, lo_open=True)
+        number("sapo_tau_neg", 0.0, lo_open=True)
+        number("icepop_low", 0.0, hi=1.0)
+        number("icepop_high", 0.0)
+        if self.icepop:
+            if not self.icepop_high > 1:
+                raise ValueError(f"icepop_high={self.icepop_high} must be > 1 (0 turns it off)")
+            if self.tis_cap is not None:
+                raise ValueError(
+                    f"icepop_high={self.icepop_high} with tis_cap={self.tis_cap}: IcePop's weight "
+                    "already bounds the ratio; choose one correction"
+                )
+
+    @property
+    def icepop(self) -> bool:
+        """Whether IcePop masks tokens by their sampler/trainer ratio."""
+        return self.icepop_high > 0
 
     @property
     def kl_in_loss(self) -> bool:
@@ -163,9 +214,17 @@ def kl_penalty(logp_NT: Array, ref_logp_NT: Array, estimator: str) -> Array:
         return d_NT
     if estimator == "k2":
         return 0.5 * jnp.square(d_NT)
-    if estimator == "k3":
+    if estimator in ("k3", "k3_plus"):
         neg_d_NT = jnp.clip(-d_NT, -KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
-        return jnp.exp(neg_d_NT) - neg_d_NT - 1.0
+        k3_NT = jnp.exp(neg_d_NT) - neg_d_NT - 1.0
+        if estimator == "k3":
+            return k3_NT
+        k2_NT = 0.5 * jnp.square(d_NT)
+        return k2_NT + jax.lax.stop_gradient(k3_NT - k2_NT)
+    if estimator == "low_var_kl":
+        neg_d_NT = jnp.clip(-d_NT, -VERL_LOG_RATIO_CLAMP, VERL_LOG_RATIO_CLAMP)
+        k3_NT = jnp.exp(neg_d_NT) - neg_d_NT - 1.0
+        return jnp.clip(k3_NT, -VERL_VALUE_CLAMP, VERL_VALUE_CLAMP)
     raise ValueError(f"kl_estimator={estimator!r}; expected one of {KL_ESTIMATORS}")
 
 
@@ -251,7 +310,9 @@ def _log_ratio(logp_NT: Array, old_logp_NT: Array, mask_NT: Array, policy_loss: 
     return jnp.where(mask_NT, token_lr_NT, 0.0)
 
 
-def _surrogate(ratio_NT: Array, A_N1: Array, cfg: LossConfig) -> tuple[Array, dict[str, Array]]:
+def _surrogate(
+    ratio_NT: Array, logp_NT: Array, A_N1: Array, cfg: LossConfig
+) -> tuple[Array, dict[str, Array]]:
     """The per-token policy-gradient surrogate of `cfg.policy_loss` and where each clip is active
     ("clip_low", "clip_high", "dual": bool (N, T))."""
     no_clip_NT = jnp.zeros(ratio_NT.shape, bool)
@@ -259,6 +320,15 @@ def _surrogate(ratio_NT: Array, A_N1: Array, cfg: LossConfig) -> tuple[Array, di
     if cfg.policy_loss == "reinforce":
         return -A_N1 * ratio_NT, clips
     lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
+    if cfg.policy_loss == "cispo":
+        weight_NT = jax.lax.stop_gradient(jnp.clip(ratio_NT, lo, hi))
+        clips["clip_low"] = ratio_NT < lo
+        clips["clip_high"] = ratio_NT > hi
+        return -A_N1 * weight_NT * logp_NT, clips
+    if cfg.policy_loss == "sapo":
+        tau_N1 = jnp.where(A_N1 > 0, cfg.sapo_tau_pos, cfg.sapo_tau_neg)
+        gate_NT = 4.0 / tau_N1 * jax.nn.sigmoid(tau_N1 * (ratio_NT - 1.0))
+        return -A_N1 * gate_NT, clips
     unclipped_NT = -A_N1 * ratio_NT
     clipped_NT = -A_N1 * jnp.clip(ratio_NT, lo, hi)
     pg_NT = jnp.maximum(unclipped_NT, clipped_NT)
@@ -305,19 +375,28 @@ def per_token_loss(
 
     ratio_NT = jnp.exp(_log_ratio(logp_NT, old_logp_NT, mask_NT, cfg.policy_loss))
     parts["ratio"] = jax.lax.stop_gradient(ratio_NT)
-    pg_NT, clips = _surrogate(ratio_NT, A_N1, cfg)
+    pg_NT, clips = _surrogate(ratio_NT, logp_NT, A_N1, cfg)
     parts.update(clips)
 
-    if cfg.tis_cap is not None:
-        if sampler_logp_NT is None:
-            raise ValueError(f"tis_cap={cfg.tis_cap} needs sampler_logp_NT")
-        lr_NT = old_logp_NT - clean(sampler_logp_NT)
-        w_NT = jax.lax.stop_gradient(jnp.minimum(jnp.exp(lr_NT), cfg.tis_cap))
-        pg_NT = pg_NT * w_NT
-        parts["tis_weight"] = w_NT
-    elif sampler_logp_NT is not None:
-        lr_NT = old_logp_NT - clean(sampler_logp_NT)
-        parts["tis_weight"] = jax.lax.stop_gradient(jnp.exp(lr_NT))
+    if (cfg.tis_cap is not None or cfg.icepop) and sampler_logp_NT is None:
+        raise ValueError("tis_cap and icepop need sampler_logp_NT")
+    if sampler_logp_NT is not None:
+        # log(pi_old / pi_sampler): the trainer's recomputation against what the sampler reported.
+        # Log weights are clamped to +-20 so that no weight (or metric) overflows.
+        lr_NT = jax.lax.stop_gradient(old_logp_NT - clean(sampler_logp_NT))
+        parts["mismatch"] = lr_NT
+        log_k_NT = lr_NT
+        if cfg.tis_level == "sequence":
+            log_k_NT = jnp.broadcast_to(jnp.sum(lr_NT, axis=1, keepdims=True), lr_NT.shape)
+        k_NT = jnp.exp(jnp.clip(log_k_NT, -LOG_WEIGHT_CLAMP, LOG_WEIGHT_CLAMP))
+        if cfg.tis_cap is not None:
+            k_NT = jnp.minimum(k_NT, cfg.tis_cap)
+            pg_NT = pg_NT * k_NT
+        elif cfg.icepop:
+            kept_NT = (k_NT >= cfg.icepop_low) & (k_NT <= cfg.icepop_high)
+            parts["icepop_masked"] = ~kept_NT
+            pg_NT = jnp.where(kept_NT, pg_NT * k_NT, 0.0)
+        parts["tis_weight"] = k_NT
     parts["pg"] = pg_NT
     loss_NT = pg_NT
 
@@ -382,7 +461,10 @@ def policy_loss(
         aggregated like it, so micro-batch values sum), "loss/tokens", "ratio/min",
         "ratio/mean", "ratio/max", "clip/frac_low", "clip/frac_high", "clip/frac_dual"; with a
         reference "kl/mean"; with entropy "entropy/mean"; with a sampler "tis/weight_mean" and
-        "tis/frac_capped" (fraction of tokens whose weight hit the cap, with `tis_cap`).
+        "tis/frac_capped" (fraction of tokens whose weight hit the cap, with `tis_cap`),
+        "icepop/frac_masked" (with IcePop), and the sampler/trainer agreement: "mismatch/mean"
+        and "mismatch/max" of |log pi_old - log pi_sampler| and "mismatch/kl", the k3 estimate
+        of KL(sampler || trainer) on the sampled tokens.
     """
     mask_NT = mask_NT.astype(bool)
     if normalizer is None:
@@ -423,5 +505,14 @@ def policy_loss(
         metrics["tis/weight_mean"] = _masked_mean(parts["tis_weight"], mask_NT)
         if cfg.tis_cap is not None:
             metrics["tis/frac_capped"] = frac(parts["tis_weight"] >= cfg.tis_cap)
+    if "icepop_masked" in parts:
+        metrics["icepop/frac_masked"] = frac(parts["icepop_masked"])
+    if "mismatch" in parts:  # how far the sampler's log-probs are from the trainer's
+        lr_NT = parts["mismatch"]
+        metrics["mismatch/mean"] = _masked_mean(jnp.abs(lr_NT), mask_NT)
+        metrics["mismatch/max"] = jnp.max(jnp.where(mask_NT, jnp.abs(lr_NT), 0.0))
+        # KL(sampler || trainer) from the sampler's tokens, k3: exp(-d) + d - 1, d = s - t.
+        lr_NT = jnp.clip(lr_NT, -LOG_WEIGHT_CLAMP, LOG_WEIGHT_CLAMP)
+        metrics["mismatch/kl"] = _masked_mean(jnp.exp(lr_NT) - lr_NT - 1.0, mask_NT)
     metrics = {k: jax.lax.stop_gradient(v) for k, v in metrics.items()}
     return loss, metrics

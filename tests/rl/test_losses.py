@@ -328,14 +328,15 @@ def _batch_loss(theta, rows, cfg, normalizer, batch):
 
 @pytest.mark.parametrize(
     "aggregation, policy",
-    [(agg, "ppo_clip") for agg in losses.AGGREGATIONS] + [("seq_mean_token_mean", "gspo")],
+    [(agg, "ppo_clip") for agg in losses.AGGREGATIONS]
+    + [("seq_mean_token_mean", "gspo"), ("token_mean", "cispo"), ("seq_mean_token_sum", "sapo")],
 )
 def test_micro_batch_gradients_sum_to_full_batch(aggregation, policy):
     batch = _batch()
     theta = batch[0]
     cfg = LossConfig(
         policy_loss=policy, clip_low=0.2, clip_high=0.28, aggregation=aggregation,
-        dual_clip=3.0 if policy != "reinforce" else None, kl_beta=0.05, entropy_coef=0.01,
+        dual_clip=3.0 if policy in ("ppo_clip", "gspo") else None, kl_beta=0.05, entropy_coef=0.01,
         tis_cap=2.0,
     )  # fmt: skip
 
@@ -376,6 +377,13 @@ def test_micro_batch_gradients_sum_to_full_batch(aggregation, policy):
         (dict(kl_in="both"), "kl_in"),
         (dict(entropy_coef=float("nan")), "entropy_coef"),
         (dict(tis_cap=0.0), "tis_cap"),
+        (dict(dual_clip=3.0, policy_loss="cispo"), "dual_clip"),
+        (dict(sapo_tau_pos=0.0), "sapo_tau_pos"),
+        (dict(sapo_tau_neg=-1.0), "sapo_tau_neg"),
+        (dict(tis_level="seq"), "tis_level"),
+        (dict(icepop_high=0.9), "icepop_high"),
+        (dict(icepop_low=1.0, icepop_high=5.0), "icepop_low"),
+        (dict(icepop_high=5.0, tis_cap=2.0), "icepop_high"),
     ],
 )
 def test_config_validation_names_the_field(kwargs, field):
@@ -388,3 +396,102 @@ def test_config_is_hashable():
     assert LossConfig(kl_beta=0.1).kl_in_loss
     assert not LossConfig(kl_beta=0.1, kl_in="reward").kl_in_loss
     assert not LossConfig().kl_in_loss
+
+
+# Objectives and corrections after GRPO, each against its formula on the fixed batch above.
+
+
+def test_cispo_clips_the_weight_never_the_gradient():
+    cfg = LossConfig(policy_loss="cispo", clip_low=0.2, clip_high=0.28)
+    # Weights clip(r, 0.8, 1.28): row 0 (1.28, 1.0, 0.8), row 1 (0.8, 1.28); loss -A w log pi.
+    w = np.array([[1.28, 1.0, 0.8], [0.8, 1.28, 0.0]], np.float32)
+    A = ADV[:, None]
+    loss, m = _loss(cfg)
+    np.testing.assert_allclose(float(loss), np.sum(np.where(MASK, -A * w * LOGP, 0)) / 5, rtol=1e-6)
+    # Every token keeps a gradient, the clipped ones (r = 1.5, r = 0.5 with A < 0) included;
+    # PPO's clip zeroes exactly those two.
+    np.testing.assert_allclose(_grad(cfg), np.where(MASK, -A * w / 5, 0), rtol=1e-6)
+    assert (_grad(PPO)[[0, 1], [0, 0]] == 0).all()
+    assert float(m["clip/frac_high"]) == pytest.approx(2 / 5)  # r = 1.5 and 4.0
+    assert float(m["clip/frac_low"]) == pytest.approx(2 / 5)  # r = 0.5 twice
+
+
+def test_sapo_soft_gate_value_and_gradient():
+    cfg = LossConfig(policy_loss="sapo", sapo_tau_pos=1.0, sapo_tau_neg=1.05)
+    tau = np.where(ADV > 0, 1.0, 1.05)[:, None]
+    s = 1 / (1 + np.exp(-tau * (RATIOS - 1)))
+    A = ADV[:, None]
+    loss, _ = _loss(cfg)
+    np.testing.assert_allclose(
+        float(loss), np.sum(np.where(MASK, -A * 4 / tau * s, 0)) / 5, rtol=1e-5
+    )
+    # d/dlog pi of f(r) = 4 s (1 - s) r: 1 on-policy, smaller as r leaves 1.
+    np.testing.assert_allclose(
+        _grad(cfg), np.where(MASK, -A * 4 * s * (1 - s) * RATIOS / 5, 0), rtol=1e-5, atol=1e-7
+    )
+    on_policy = dict(logp=OLD, old=OLD)
+    np.testing.assert_allclose(
+        _grad(cfg, **on_policy),
+        _grad(LossConfig(policy_loss="reinforce"), **on_policy),
+        rtol=1e-6,
+    )
+
+
+def test_k3_plus_has_k3s_value_and_k2s_gradient():
+    l2 = math.log(2.0)
+    logp, ref = jnp.asarray([l2, -l2]), jnp.zeros(2)
+    np.testing.assert_allclose(
+        losses.kl_penalty(logp, ref, "k3_plus"), losses.kl_penalty(logp, ref, "k3"), rtol=1e-6
+    )
+    grad = lambda est: jax.grad(lambda x: jnp.sum(losses.kl_penalty(x, ref, est)))(logp)  # noqa: E731
+    np.testing.assert_allclose(grad("k3_plus"), [l2, -l2], rtol=1e-6)  # d, as k2's
+    np.testing.assert_allclose(grad("k3"), [0.5, -1.0], rtol=1e-6)  # 1 - exp(-d)
+
+
+def test_low_var_kl_is_verls_twice_clamped_k3():
+    l2 = math.log(2.0)
+    d = jnp.asarray([l2, -15.0, 25.0, -25.0])
+    got = losses.kl_penalty(d, jnp.zeros(4), "low_var_kl")
+    # -d clamped to [-20, 20], then the value to [-10, 10].
+    np.testing.assert_allclose(got, [l2 - 0.5, 10.0, 10.0, 10.0], rtol=1e-6)
+    g = jax.grad(lambda x: jnp.sum(losses.kl_penalty(x, jnp.zeros(4), "low_var_kl")))(d)
+    np.testing.assert_allclose(g, [0.5, 0.0, 0.0, 0.0], atol=1e-6)  # clamped values: no gradient
+    # Ours keeps -15's value and gradient (log ratio clamp at 10 only).
+    assert float(losses.kl_penalty(d, jnp.zeros(4), "k3")[1]) == pytest.approx(
+        math.exp(10) - 11, rel=1e-6
+    )
+
+
+# pi_old / pi_sampler per token: row 0 (3, 1, 0.5), row 1 (1, 1.5).
+TIS = np.array([[3.0, 1.0, 0.5], [1.0, 1.5, 1.0]], np.float32)
+SAMPLER = (OLD - np.log(TIS)).astype(np.float32)
+REINFORCE_TOKENS = np.array([-1.5, -1.0, -0.5, 1.0, 8.0])  # -A r, masked tokens in order
+
+
+def test_sequence_level_importance_weight():
+    # One weight per completion: row 0 3 * 1 * 0.5 = 1.5, row 1 1 * 1.5 = 1.5 (padding adds 0).
+    for cap, w in ((2.0, 1.5), (1.2, 1.2)):
+        cfg = LossConfig(policy_loss="reinforce", tis_cap=cap, tis_level="sequence")
+        loss, m = _loss(cfg, sampler_logp_NT=jnp.asarray(SAMPLER))
+        np.testing.assert_allclose(float(loss), w * REINFORCE_TOKENS.sum() / 5, rtol=1e-6)
+        assert float(m["tis/weight_mean"]) == pytest.approx(w)
+
+
+def test_icepop_drops_tokens_outside_the_bounds_and_weights_the_rest():
+    cfg = LossConfig(policy_loss="reinforce", icepop_low=0.5, icepop_high=2.0)
+    loss, m = _loss(cfg, sampler_logp_NT=jnp.asarray(SAMPLER))
+    # k = 3 is dropped; k = 0.5 is kept (bounds inclusive): -1 - 0.25 + 1 + 12.
+    np.testing.assert_allclose(float(loss), 11.75 / 5, rtol=1e-6)
+    assert float(m["icepop/frac_masked"]) == pytest.approx(0.2)
+    g = _grad(cfg, sampler_logp_NT=jnp.asarray(SAMPLER))
+    assert g[0, 0] == 0 and g[0, 1] != 0
+
+
+def test_sampler_trainer_mismatch_metrics():
+    _, m = _loss(LossConfig(), sampler_logp_NT=jnp.asarray(SAMPLER))
+    lr = np.log(np.array([3.0, 1.0, 0.5, 1.0, 1.5]))
+    assert float(m["mismatch/mean"]) == pytest.approx(np.abs(lr).mean(), rel=1e-5)
+    assert float(m["mismatch/max"]) == pytest.approx(math.log(3.0), rel=1e-5)
+    assert float(m["mismatch/kl"]) == pytest.approx(np.mean(np.exp(lr) - lr - 1), rel=1e-5)
+    _, same = _loss(LossConfig(), sampler_logp_NT=jnp.asarray(OLD))
+    assert float(same["mismatch/max"]) == 0 and float(same["mismatch/kl"]) == 0

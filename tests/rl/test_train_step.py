@@ -132,6 +132,9 @@ def test_step_output_has_scalar_metrics_and_the_rows_results(task):
         np.testing.assert_array_equal(out.rows.lengths_N, np.asarray(rollout.lengths_N))
         np.testing.assert_allclose(out.rows.adv_N, np.asarray(adv_BG).reshape(-1), atol=1e-6)
         assert float(out.metrics["reward/mean"]) == pytest.approx(float(np.mean(rewards)))
+        # The sampler's log-probs and the trainer's recomputation, same parameters, f32.
+        assert float(out.metrics["mismatch/max"]) < 1e-4, out.metrics["mismatch/max"]
+        assert 0 <= float(out.metrics["mismatch/kl"]) < 1e-8
     assert 0 < want_correct.sum() < B * G and np.any(parts["correct"] != want_correct)
 
 
