@@ -25,7 +25,7 @@ import jax.numpy as jnp
 Array = jax.Array
 
 Estimator = Literal[
-    "grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp_baseline", "expert_iteration"
+    "grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp_baseline", "expert_iteration", "pass_at_k"
 ]
 StdScaling = Literal["group", "batch", "none"]
 StdKind = Literal["population", "sample"]
@@ -37,6 +37,7 @@ ESTIMATORS: tuple[str, ...] = (
     "reinforce",
     "reinforce_pp_baseline",
     "expert_iteration",
+    "pass_at_k",
 )
 STD_SCALINGS: tuple[str, ...] = ("group", "batch", "none")
 STD_KINDS: tuple[str, ...] = ("population", "sample")
@@ -49,6 +50,7 @@ _DEFAULT_STD: dict[str, str] = {
     "reinforce": "none",
     "reinforce_pp_baseline": "batch",
     "expert_iteration": "none",
+    "pass_at_k": "none",
 }
 _ALLOWED_STD: dict[str, tuple[str, ...]] = {
     "grpo": STD_SCALINGS,
@@ -57,6 +59,7 @@ _ALLOWED_STD: dict[str, tuple[str, ...]] = {
     "reinforce": STD_SCALINGS,
     "reinforce_pp_baseline": ("batch",),
     "expert_iteration": ("none",),
+    "pass_at_k": ("none",),
 }
 
 
@@ -89,8 +92,17 @@ class AdvantageConfig:
           gradient is the NLL gradient of the kept completions; the train step also leaves the
           rejected ones out of the loss's token count, so "token_mean" is SFT's token mean.
           All-correct groups are trained on, unlike the group baselines.
+        - "pass_at_k": the group is rewarded for solving the prompt at least once in k tries
+          (Pass@k Training, Chen et al. 2025), with the paper's analytical advantages over all
+          k-subsets of the G samples. From correctness (`correct_BG`), with c correct and
+          n = G - c wrong: the group's pass@k `R = 1 - C(n, k) / C(G, k)`, its std
+          `s = sqrt(R (1 - R))`, a correct sample's advantage `(1 - R) / s` and a wrong one's
+          `(1 - R - C(n - 1, k - 1) / C(G - 1, k - 1)) / s`: the mean over the k-subsets that
+          hold the sample of their pass@k, less R, over s. A group where every k-subset holds a
+          correct sample (n < k), or none does, gets zero. k = 1 is GRPO on correctness.
       std_scaling: the divisor after the baseline. None (default) takes the estimator's own:
-        "group" for grpo, "batch" for reinforce_pp_baseline, "none" for the rest.
+        "group" for grpo, "batch" for reinforce_pp_baseline, "none" for the rest (pass_at_k
+        divides by its own std).
         - "group": the std of the group's rewards (GRPO).
         - "batch": the std of all B x G rewards (group mean, batch std: Lite PPO, Liu et al.
           2025, "Tricks or Traps"; TRL's `scale_rewards="batch"`). For reinforce_pp_baseline,
@@ -102,12 +114,14 @@ class AdvantageConfig:
         implementations) or "sample" (by n - 1, as `torch.std`, the default in TRL/verl).
       eps: added to the std before dividing; must be >= 0. A zero-variance group is zeroed
         before any division, so eps=0 is safe.
+      pass_k: k of "pass_at_k", in [1, G].
     """
 
     estimator: Estimator = "grpo"
     std_scaling: StdScaling | None = None
     std_kind: StdKind = "population"
     eps: float = 1e-4
+    pass_k: int = 1
 
     def __post_init__(self):
         if self.estimator not in ESTIMATORS:
@@ -120,6 +134,8 @@ class AdvantageConfig:
             raise ValueError(f"std_kind={self.std_kind!r}; expected one of {STD_KINDS}")
         if not isinstance(self.eps, int | float) or not math.isfinite(self.eps) or self.eps < 0:
             raise ValueError(f"eps={self.eps!r} must be a finite number >= 0")
+        if isinstance(self.pass_k, bool) or not isinstance(self.pass_k, int) or self.pass_k < 1:
+            raise ValueError(f"pass_k={self.pass_k!r} must be an integer >= 1")
         if self.std_scaling is None:
             # Frozen dataclass: resolve the default once so the field is never None afterwards.
             object.__setattr__(self, "std_scaling", _DEFAULT_STD[self.estimator])
@@ -151,6 +167,29 @@ def _leave_one_out_G(r_G: Array) -> Array:
     G = r_G.shape[0]
     others_mean_G = (jnp.sum(r_G) - r_G) / (G - 1)
     return r_G - others_mean_G
+
+
+def pass_at_k_advantages(correct_BG: Array, k: int) -> Array:
+    """(B, G) f32 pass@k advantages of binary outcomes (see `AdvantageConfig.estimator`).
+
+    Raises:
+      ValueError: unless 1 <= k <= G.
+    """
+    G = correct_BG.shape[1]
+    if not 1 <= k <= G:
+        raise ValueError(f"pass_k={k} must be in [1, G={G}] (the samples of a group)")
+    # Tables over the number of wrong samples n = 0..G (static G and k): the chance that a
+    # k-subset holds no correct sample, and that the k - 1 others beside a wrong one do not.
+    none_n = [math.comb(n, k) / math.comb(G, k) for n in range(G + 1)]
+    none_beside_n = [0.0] + [
+        math.comb(n - 1, k - 1) / math.comb(G - 1, k - 1) for n in range(1, G + 1)
+    ]
+    n_B = G - jnp.sum(correct_BG.astype(jnp.int32), axis=1)
+    r_B = 1.0 - jnp.asarray(none_n, jnp.float32)[n_B]
+    std_B = jnp.sqrt(r_B * (1.0 - r_B))
+    wrong_B = 1.0 - jnp.asarray(none_beside_n, jnp.float32)[n_B]
+    value_BG = jnp.where(correct_BG, 1.0, wrong_B[:, None]) - r_B[:, None]
+    return jnp.where(std_B[:, None] > 0, value_BG / jnp.where(std_B > 0, std_B, 1.0)[:, None], 0.0)
 
 
 def zero_variance_groups(rewards_BG: Array) -> Array:
@@ -201,13 +240,15 @@ def compute_advantages(
 
     if est == "expert_iteration":
         adv_BG = correct_BG.astype(jnp.float32)
+    elif est == "pass_at_k":
+        adv_BG = pass_at_k_advantages(correct_BG, cfg.pass_k)
     elif est == "reinforce":
         adv_BG = r_BG - jnp.mean(r_BG)
     elif est == "rloo":
         adv_BG = jax.vmap(_leave_one_out_G)(r_BG)
     else:
         adv_BG = jax.vmap(_mean_baseline_G)(r_BG)
-    if est not in ("reinforce", "expert_iteration"):
+    if est not in ("reinforce", "expert_iteration", "pass_at_k"):
         # The mean of G equal floats is not always that float; force the exact zero.
         adv_BG = jnp.where(zero_var_B[:, None], 0.0, adv_BG)
 

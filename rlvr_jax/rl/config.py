@@ -90,6 +90,11 @@ class RLConfig:
             self._check_partial()
         if not self.memory_budget_gib >= 0:
             raise ValueError(f"rl.memory_budget_gib={self.memory_budget_gib} must be >= 0")
+        if self.advantage.estimator == "pass_at_k" and self.advantage.pass_k > self.group_size:
+            raise ValueError(
+                f"rl.advantage.pass_k={self.advantage.pass_k} exceeds rl.group_size="
+                f"{self.group_size}: pass@k draws its k tries from the group's samples"
+            )
         if self.group_size < 2 and self.advantage.estimator in ("grpo", "dr_grpo", "rloo"):
             raise ValueError(
                 f"rl.group_size={self.group_size} with advantage estimator "

@@ -1,5 +1,6 @@
 """Every advantage estimator against values computed by hand."""
 
+import itertools
 import math
 
 import jax
@@ -199,3 +200,47 @@ def test_expert_iteration_keeps_verified_samples_only():
     np.testing.assert_array_equal(np.asarray(adv), [[1, 1, 0, 1], [1, 1, 1, 1]])
     with pytest.raises(ValueError, match="std_scaling='group'"):
         AdvantageConfig("expert_iteration", std_scaling="group")
+
+
+def _pass_at_k_by_enumeration(correct_G, k):
+    """The mean pass@k of the k-subsets holding each sample, less the group's, over its std."""
+    subsets = list(itertools.combinations(range(len(correct_G)), k))
+    value = {s: float(any(correct_G[i] for i in s)) for s in subsets}
+    r = np.mean(list(value.values()))
+    std = math.sqrt(r * (1 - r))
+    if std == 0:
+        return np.zeros(len(correct_G))
+    return np.array(
+        [
+            (np.mean([v for s, v in value.items() if i in s]) - r) / std
+            for i in range(len(correct_G))
+        ]
+    )
+
+
+def test_pass_at_k_hand_case_and_enumeration():
+    cfg = AdvantageConfig("pass_at_k", pass_k=2)
+    # G = 4, one correct: R = 1 - C(3,2)/C(4,2) = 1/2, s = 1/2; correct (1 - 1/2)/s = 1, wrong
+    # (1 - 1/2 - C(2,1)/C(3,1)) / s = -1/3.
+    adv, _ = adv_lib.compute_advantages(jnp.asarray([[1.0, 0.0, 0.0, 0.0]]), cfg)
+    np.testing.assert_allclose(adv, [[1.0, -1 / 3, -1 / 3, -1 / 3]], rtol=1e-6)
+    rng = np.random.default_rng(0)
+    for G, k in ((5, 1), (5, 2), (5, 3), (6, 4), (6, 6)):
+        correct_BG = np.stack([np.arange(G) < c for c in range(G + 1)])
+        rng.permuted(correct_BG, axis=1, out=correct_BG)
+        adv, _ = adv_lib.compute_advantages(
+            jnp.asarray(correct_BG, jnp.float32), AdvantageConfig("pass_at_k", pass_k=k)
+        )
+        want = np.stack([_pass_at_k_by_enumeration(c, k) for c in correct_BG])
+        np.testing.assert_allclose(adv, want, rtol=1e-5, atol=1e-6, err_msg=f"G={G} k={k}")
+
+
+def test_pass_at_1_is_grpo_on_correctness():
+    correct = jnp.asarray([[1.0, 0.0, 0.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0, 0.0]])
+    grpo, _ = adv_lib.compute_advantages(correct, AdvantageConfig("grpo", eps=0.0))
+    pass1, _ = adv_lib.compute_advantages(correct, AdvantageConfig("pass_at_k", pass_k=1))
+    np.testing.assert_allclose(pass1, grpo, rtol=1e-6)
+    with pytest.raises(ValueError, match="pass_k=6 must be in"):
+        adv_lib.compute_advantages(correct, AdvantageConfig("pass_at_k", pass_k=6))
+    with pytest.raises(ValueError, match="pass_k=0"):
+        AdvantageConfig("pass_at_k", pass_k=0)
