@@ -16,11 +16,18 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rlvr_jax.program import ablation
+from rlvr_jax.program import ablation, compilation
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Ablation config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the runs, table and plots go.")
 _PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
+_COMPILE_CACHE = flags.DEFINE_string(
+    "compile_cache",
+    str(compilation.default_cache_dir()),
+    "Directory of JAX's persistent compilation cache (default: ~/.cache/rlvr_jax/jax, or under "
+    "$XDG_CACHE_HOME); a second launch reads its programs back instead of compiling them. "
+    "'none' turns it off.",
+)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -32,9 +39,7 @@ def main(argv: Sequence[str]) -> None:
     if _PLATFORM.value:
         jax.config.update("jax_platforms", _PLATFORM.value)
     # The seeds of one variant compile the same programs: compile them once.
-    if "://" not in _WORKDIR.value:
-        jax.config.update("jax_compilation_cache_dir", f"{_WORKDIR.value}/jax_cache")
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    compilation.enable_cache(_COMPILE_CACHE.value)
     out = ablation.run_ablation(_CONFIG.value, _WORKDIR.value)
     print(
         f"wrote {_WORKDIR.value}/ablation.md and {len(out['plots'])} plots in "

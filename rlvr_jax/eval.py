@@ -26,7 +26,7 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rlvr_jax.program import build, evaluation
+from rlvr_jax.program import build, compilation, evaluation
 from rlvr_jax.program.settings import settings_from_config
 
 config_flags.DEFINE_config_file("config", None, "Experiment config file (with --source).")
@@ -50,12 +50,20 @@ flags.DEFINE_integer("max_new_tokens", 0, "Generation length (0: the settings').
 flags.DEFINE_integer("batch_prompts", 0, "Prompts per generation call (0: the settings').")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
 flags.DEFINE_string("out", "", "The JSON file (default: <workdir>/eval/<data>.json).")
+flags.DEFINE_string(
+    "compile_cache",
+    str(compilation.default_cache_dir()),
+    "Directory of JAX's persistent compilation cache (default: ~/.cache/rlvr_jax/jax, or under "
+    "$XDG_CACHE_HOME); a second launch reads its programs back instead of compiling them. "
+    "'none' turns it off.",
+)
 
 
 def main(argv: list[str]) -> None:
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore stage at INFO
     f = flags.FLAGS
+    compilation.enable_cache(f.compile_cache)
     if bool(f.workdir) == (f.config is not None):
         raise app.UsageError("give exactly one of --workdir=W (a run) or --config=C")
     step = None

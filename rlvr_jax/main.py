@@ -17,7 +17,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rlvr_jax.program import stages
+from rlvr_jax.program import compilation, stages
 from rlvr_jax.program.settings import settings_from_config
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
@@ -30,6 +30,13 @@ _DISTRIBUTED = flags.DEFINE_bool(
     "Call jax.distributed.initialize() (multi-host TPU pods and GPU clusters).",
 )
 _PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
+_COMPILE_CACHE = flags.DEFINE_string(
+    "compile_cache",
+    str(compilation.default_cache_dir()),
+    "Directory of JAX's persistent compilation cache (default: ~/.cache/rlvr_jax/jax, or under "
+    "$XDG_CACHE_HOME); a second launch reads its programs back instead of compiling them. "
+    "'none' turns it off.",
+)
 _ALLOW_CHANGED = flags.DEFINE_bool(
     "allow_changed_settings",
     False,
@@ -67,10 +74,12 @@ def main(argv: list[str]) -> None:
     # with a message. The training loop replaces these handlers with its own (save, then stop).
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _terminate_during_startup)
+    compilation.COMPILES.install()  # the time to the first step counts from here
     # Orbax logs every checkpoint stage at INFO; the metrics ledger is the run's log.
     logging.set_verbosity(logging.WARNING)
     if _PLATFORM.value:
         jax.config.update("jax_platforms", _PLATFORM.value)
+    compilation.enable_cache(_COMPILE_CACHE.value)
     if _DISTRIBUTED.value:
         jax.distributed.initialize()
 

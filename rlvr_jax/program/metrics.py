@@ -9,10 +9,12 @@ next step). Only process 0 writes; other processes get a writer whose methods do
 `workdir/metrics.jsonl` holds one JSON object per record: "step", the record's kind ("record":
 `STEP` for a training step's row, which may carry a periodic evaluation too; `EVAL` for the
 evaluation before training, at step 0; `FINAL` for the evaluation after training, at the last
-step), wall-clock "time", then the metrics. Every record is kept, so a training row and the final
-evaluation of the same step are two lines. Non-finite values are written as null (strict JSON) and
-counted. When a run resumes from a checkpoint, step rows past the restored step and the previous
-attempt's final evaluation are dropped, so the file describes one history.
+step; `STARTUP` for what the process spent before its first step, at that step: compilations and
+reads from the compile cache), wall-clock "time", then the metrics. Every record is kept, so a
+training row and the final evaluation of the same step are two lines. Non-finite values are
+written as null (strict JSON) and counted. When a run resumes from a checkpoint, step rows past
+the restored step and the previous attempt's final evaluation are dropped, so the file describes
+one history.
 
 Every file is written in the caller's thread, one append per step, so a full disk or a read-only
 directory stops the run at that step with one `MetricsWriteError` naming the path and the error,
@@ -48,7 +50,8 @@ TOKENS_PER_S = "throughput/tokens_per_s"
 STEP = "step"
 EVAL = "eval"
 FINAL = "final"
-RECORD_KINDS = (STEP, EVAL, FINAL)
+STARTUP = "startup"
+RECORD_KINDS = (STEP, EVAL, FINAL, STARTUP)
 RECORD = "record"
 _RESERVED = ("step", RECORD, "time")
 
@@ -479,7 +482,7 @@ class MetricsWriter:
                 scalars = {k: v for k, v in values.items() if isinstance(v, int | float)}
                 self._wandb_run.log(scalars, step=step)
             last = self.total_steps is not None and step >= self.total_steps
-            if step % self.log_every == 0 or last:
+            if record != STARTUP and (step % self.log_every == 0 or last):
                 self._console(step, values, now)
         except MetricsWriteError as e:
             self._fail(e)

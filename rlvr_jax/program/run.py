@@ -32,8 +32,8 @@ from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data import curriculum as curriculum_lib
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.program import checkpoint as ckpt_lib
+from rlvr_jax.program import compilation, preemption
 from rlvr_jax.program import metrics as metrics_lib
-from rlvr_jax.program import preemption
 from rlvr_jax.program.settings import Settings, plain_settings, resume_differences, save_settings
 from rlvr_jax.rl.state import TrainState
 
@@ -175,6 +175,12 @@ def non_finite(metrics: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def _startup(log: Callable[[str], None]) -> dict[str, float]:
+    """The process's start-up so far (`compilation.COMPILES`), logged in one line."""
+    log(f"first step after {compilation.COMPILES.summary()}")
+    return compilation.COMPILES.metrics()
+
+
 def run_stage(
     stage: Stage,
     settings: Settings,
@@ -191,6 +197,7 @@ def run_stage(
         docstring), unless `allow_changed_settings`.
       NonFiniteError: a step whose loss, gradient or update is not finite (nothing is saved).
     """
+    compilation.COMPILES.install()
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     train = settings.train
@@ -224,6 +231,8 @@ def run_stage(
         while step < stage.steps:
             state, data_state, metrics = stage.step(state, data_state)
             step += 1
+            if step == start_step + 1:  # this process's first step: what starting it cost
+                writer.write(step, _startup(log), record=metrics_lib.STARTUP)
             history.append(metrics)
             bad = non_finite(metrics)
             if bad:

@@ -1,0 +1,137 @@
+"""Compile once: JAX's persistent compilation cache for every command, and a log of what compiled.
+
+`enable_cache(directory)` points JAX's persistent cache at a directory (the commands' default is
+`default_cache_dir()`, under the user's cache directory), so a second launch of an unchanged
+config loads its big programs (the rollout, the update, the fused step, evaluation) instead of
+compiling them again. Programs that compile in less than `MIN_COMPILE_SECONDS` are not stored:
+reading them back would cost about as much.
+
+`CompileLog` listens to JAX's monitoring events and keeps, per compiled program, its name, the
+seconds spent and whether the persistent cache served it; the run skeleton writes its totals and
+the time to the first step into the first step's row of the metrics ledger ("startup/...").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from pathlib import Path
+
+import jax
+
+MIN_COMPILE_SECONDS = 1.0
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+
+
+def default_cache_dir() -> Path:
+    """`$XDG_CACHE_HOME/rlvr_jax/jax` (or `~/.cache/rlvr_jax/jax`)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "rlvr_jax" / "jax"
+
+
+def enable_cache(directory: str | os.PathLike | None) -> Path | None:
+    """Turns JAX's persistent compilation cache on in `directory` (created if missing); None,
+    "" or "none" leaves it off. Returns the directory in use."""
+    if directory is None or str(directory) in ("", "none"):
+        return None
+    path = Path(directory).expanduser()
+    if "://" not in str(directory):
+        path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """One program that went through XLA: compiled, or read back from the persistent cache."""
+
+    name: str
+    seconds: float
+    from_cache: bool
+
+
+class CompileLog:
+    """Every backend compilation of this process from `install()` on (see the module docstring).
+
+    JAX reports a cache hit inside the compilation it serves, on the same thread, before that
+    compilation's duration; so a hit marks the next duration reported on its thread.
+    """
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.programs: list[Compiled] = []
+        self._hit = threading.local()
+        self._installed = False
+        self._lock = threading.Lock()
+
+    def install(self) -> CompileLog:
+        """Registers the listeners (once; later calls do nothing)."""
+        with self._lock:
+            if not self._installed:
+                jax.monitoring.register_event_listener(self._event)
+                jax.monitoring.register_event_duration_secs_listener(self._duration)
+                self._installed = True
+                self.started = time.time()
+        return self
+
+    def _event(self, event: str, **kwargs) -> None:
+        if event == _CACHE_HIT:
+            self._hit.value = True
+
+    def _duration(self, event: str, seconds: float, **kwargs) -> None:
+        if event != _BACKEND_COMPILE:
+            return
+        hit = getattr(self._hit, "value", False)
+        self._hit.value = False
+        with self._lock:
+            self.programs.append(Compiled(str(kwargs.get("fun_name", "?")), seconds, hit))
+
+    def metrics(self) -> dict[str, float]:
+        """Seconds since `install()` ("startup/seconds") and, over the programs so far,
+        "startup/compile_seconds" (compiled, not read back), "startup/programs_compiled",
+        "startup/programs_from_cache", "startup/seconds_from_cache" (reading them back)."""
+        with self._lock:
+            programs = list(self.programs)
+        compiled = [p for p in programs if not p.from_cache]
+        cached = [p for p in programs if p.from_cache]
+        return {
+            "startup/seconds": time.time() - self.started,
+            "startup/compile_seconds": sum(p.seconds for p in compiled),
+            "startup/programs_compiled": len(compiled),
+            "startup/programs_from_cache": len(cached),
+            "startup/seconds_from_cache": sum(p.seconds for p in cached),
+        }
+
+    def slowest(self, n: int, from_cache: bool) -> list[Compiled]:
+        """The n programs compiled (or read back from the cache) that took longest."""
+        with self._lock:
+            chosen = [p for p in self.programs if p.from_cache == from_cache]
+        return sorted(chosen, key=lambda p: -p.seconds)[:n]
+
+    def summary(self) -> str:
+        """One line: the time so far, the programs compiled and those read back."""
+        m = self.metrics()
+
+        def names(from_cache: bool) -> str:
+            slow = self.slowest(3, from_cache)
+            return f" (slowest: {', '.join(f'{p.name} {p.seconds:.1f} s' for p in slow)})"
+
+        line = (
+            f"{m['startup/seconds']:.1f} s: {m['startup/programs_compiled']} programs compiled in "
+            f"{m['startup/compile_seconds']:.1f} s"
+        )
+        if m["startup/programs_compiled"]:
+            line += names(False)
+        line += f", {m['startup/programs_from_cache']} read from the compile cache"
+        if m["startup/programs_from_cache"]:
+            line += f" in {m['startup/seconds_from_cache']:.1f} s" + names(True)
+        return line
+
+
+# The process's log: entry scripts install it first thing, so that its clock starts with them.
+COMPILES = CompileLog()
