@@ -12,6 +12,7 @@ machine a real instruct model: `load_gguf(embedded_model_path())`.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -102,27 +103,42 @@ def unpermute_qk(w: np.ndarray, num_heads: int) -> np.ndarray:
 # Reading
 
 
-def _open(path: str | os.PathLike) -> gguf.GGUFReader:
+def _file_key(path: str | os.PathLike) -> tuple[str, int, int]:
+    """(resolved path, size, mtime): a file read once per process is parsed once, and a file
+    replaced in place is parsed again."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {str(path)!r} does not exist")
+    st = path.stat()
+    return str(path.resolve()), st.st_size, st.st_mtime_ns
+
+
+# The reader parses every metadata field when it opens a file (about 5 s for the embedded
+# model's 49k-token vocabulary); the tokenizer and the weights of one file share it.
+@functools.lru_cache(maxsize=2)
+def _open_key(key: tuple[str, int, int]) -> gguf.GGUFReader:
+    path = Path(key[0])
     try:
         return gguf.GGUFReader(path)
     except (ValueError, KeyError, IndexError) as e:  # The reader's errors for a malformed file.
         raise CheckpointError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
 
 
-def _metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
-    """Every metadata key as a Python value (str, int, float, bool or list), header excluded."""
+@functools.lru_cache(maxsize=2)
+def _metadata_key(key: tuple[str, int, int]) -> dict[str, Any]:
+    reader = _open_key(key)
     return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
 
 
-def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """All metadata of a GGUF file as Python values, e.g. `tokenizer.ggml.tokens` as a list.
+def _open(path: str | os.PathLike) -> gguf.GGUFReader:
+    return _open_key(_file_key(path))
 
-    Parsing the token arrays takes a few seconds for a 50k vocabulary; call this once.
-    """
-    return _metadata(_open(path))
+
+def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """All metadata of a GGUF file as Python values (str, int, float, bool or list; header
+    excluded), e.g. `tokenizer.ggml.tokens` as a list. Read once per process and file: the
+    dict is a copy, its lists are shared."""
+    return dict(_metadata_key(_file_key(path)))
 
 
 def _rope_scaling_from_factors(
@@ -272,7 +288,7 @@ def load_gguf(path: str | os.PathLike, **overrides: Any) -> tuple[Params, ModelC
     if _ROPE_FREQS in tensors:
         t = tensors.pop(_ROPE_FREQS)
         rope_freqs = gguf.quants.dequantize(t.data, t.tensor_type)
-    cfg = config_from_metadata(_metadata(reader), tensors, rope_freqs, source, **overrides)
+    cfg = config_from_metadata(read_metadata(path), tensors, rope_freqs, source, **overrides)
 
     # Names and shapes are checked here, before any dequantization, so errors name GGUF tensors;
     # `params_from_hf_tensors` repeats the checks on the Hugging Face names.
