@@ -29,6 +29,7 @@ Estimator = Literal[
 ]
 StdScaling = Literal["group", "batch", "none"]
 StdKind = Literal["population", "sample"]
+WhitenOver = Literal["completions", "tokens"]
 
 ESTIMATORS: tuple[str, ...] = (
     "grpo",
@@ -41,6 +42,7 @@ ESTIMATORS: tuple[str, ...] = (
 )
 STD_SCALINGS: tuple[str, ...] = ("group", "batch", "none")
 STD_KINDS: tuple[str, ...] = ("population", "sample")
+WHITEN_OVER: tuple[str, ...] = ("completions", "tokens")
 
 # What `std_scaling=None` resolves to, and which explicit values each estimator admits.
 _DEFAULT_STD: dict[str, str] = {
@@ -82,9 +84,8 @@ class AdvantageConfig:
           rewards is *not* zeroed here: it is compared with the batch, by definition.
         - "reinforce_pp_baseline": group mean subtracted, then the centred values whitened over
           the whole batch, `(a - mean_batch(a)) / (std_batch(a) + eps)` (REINFORCE++-baseline,
-          Hu et al. 2025). Its `std_scaling` is "batch", meaning this whitening. One value per
-          completion is whitened; verl whitens over tokens (each completion's value repeated on
-          its tokens), which weighs long completions more in the mean and std.
+          Hu et al. 2025). Its `std_scaling` is "batch", meaning this whitening, over
+          completions or over tokens (`whiten_over`).
         - "expert_iteration": 1 for a verified-correct completion, 0 otherwise: supervised
           fine-tuning on the model's own verified answers (expert iteration / rejection-sampling
           fine-tuning, Anthony et al. 2017; RAFT, Dong et al. 2023), the baseline RL is compared
@@ -115,6 +116,12 @@ class AdvantageConfig:
       eps: added to the std before dividing; must be >= 0. A zero-variance group is zeroed
         before any division, so eps=0 is safe.
       pass_k: k of "pass_at_k", in [1, G].
+      whiten_over: what the reinforce_pp_baseline whitening averages over. "completions": one
+        value each. "tokens": each completion's value counted once per generated token, as
+        verl's `masked_whiten` over the response mask does, so long completions weigh more in
+        the mean and the std (and the centred values no longer have mean zero). verl also
+        uses the sample variance and `rsqrt(var + 1e-8)`: set `std_kind="sample"` and
+        `eps=0` for the closest match; unlike verl, a zero-variance group still gets zero.
     """
 
     estimator: Estimator = "grpo"
@@ -122,6 +129,7 @@ class AdvantageConfig:
     std_kind: StdKind = "population"
     eps: float = 1e-4
     pass_k: int = 1
+    whiten_over: WhitenOver = "completions"
 
     def __post_init__(self):
         if self.estimator not in ESTIMATORS:
@@ -136,6 +144,13 @@ class AdvantageConfig:
             raise ValueError(f"eps={self.eps!r} must be a finite number >= 0")
         if isinstance(self.pass_k, bool) or not isinstance(self.pass_k, int) or self.pass_k < 1:
             raise ValueError(f"pass_k={self.pass_k!r} must be an integer >= 1")
+        if self.whiten_over not in WHITEN_OVER:
+            raise ValueError(f"whiten_over={self.whiten_over!r}; expected one of {WHITEN_OVER}")
+        if self.whiten_over == "tokens" and self.estimator != "reinforce_pp_baseline":
+            raise ValueError(
+                f"whiten_over='tokens' applies to estimator='reinforce_pp_baseline', not "
+                f"{self.estimator!r}"
+            )
         if self.std_scaling is None:
             # Frozen dataclass: resolve the default once so the field is never None afterwards.
             object.__setattr__(self, "std_scaling", _DEFAULT_STD[self.estimator])
@@ -197,8 +212,22 @@ def zero_variance_groups(rewards_BG: Array) -> Array:
     return jnp.max(rewards_BG, axis=1) == jnp.min(rewards_BG, axis=1)
 
 
+def _weighted_whiten(x_BG: Array, w_BG: Array, kind: str, eps: float) -> Array:
+    """(x - mean) / std with each value counted `w` times (`whiten_over="tokens"`)."""
+    w_BG = w_BG.astype(jnp.float32)
+    n = jnp.sum(w_BG)
+    mean = jnp.sum(w_BG * x_BG) / jnp.maximum(n, 1.0)
+    var = jnp.sum(w_BG * jnp.square(x_BG - mean)) / jnp.maximum(n, 1.0)
+    if kind == "sample":
+        var = var * n / jnp.maximum(n - 1.0, 1.0)
+    return _scale(x_BG - mean, jnp.sqrt(var), eps)
+
+
 def compute_advantages(
-    rewards_BG: Array, cfg: AdvantageConfig, correct_BG: Array | None = None
+    rewards_BG: Array,
+    cfg: AdvantageConfig,
+    correct_BG: Array | None = None,
+    lengths_BG: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """Advantages (B, G) in f32 and scalar statistics.
 
@@ -206,7 +235,9 @@ def compute_advantages(
       rewards_BG: one scalar reward per completion; row b holds the G samples of prompt b.
       cfg: the estimator (static).
       correct_BG: which completions count as correct for the all-correct / all-wrong fractions;
-        defaults to `rewards_BG > 0`. It does not affect the advantages.
+        defaults to `rewards_BG > 0`. It does not affect the advantages (but for pass_at_k,
+        which is computed from it).
+      lengths_BG: generated tokens of each completion; needed by `whiten_over="tokens"`.
 
     Returns:
       adv_BG: the advantages; exactly zero for zero-variance groups under every group-baseline
@@ -253,7 +284,12 @@ def compute_advantages(
         adv_BG = jnp.where(zero_var_B[:, None], 0.0, adv_BG)
 
     if est == "reinforce_pp_baseline":
-        adv_BG = _scale(adv_BG - jnp.mean(adv_BG), _std(adv_BG, cfg.std_kind), cfg.eps)
+        if cfg.whiten_over == "tokens":
+            if lengths_BG is None:
+                raise ValueError("whiten_over='tokens' needs lengths_BG")
+            adv_BG = _weighted_whiten(adv_BG, lengths_BG, cfg.std_kind, cfg.eps)
+        else:
+            adv_BG = _scale(adv_BG - jnp.mean(adv_BG), _std(adv_BG, cfg.std_kind), cfg.eps)
         adv_BG = jnp.where(zero_var_B[:, None], 0.0, adv_BG)
     elif scaling == "group":
         std_B = jax.vmap(lambda r_G: _std(r_G, cfg.std_kind))(r_BG)

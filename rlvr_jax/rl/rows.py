@@ -149,7 +149,7 @@ def prepare_rows(
         )
     correct_BG = parts["correct"].reshape(-1, G) > 0 if "correct" in parts else None
     adv_BG, adv_stats = adv_lib.compute_advantages(
-        rewards_N.reshape(-1, G), rl.advantage, correct_BG
+        rewards_N.reshape(-1, G), rl.advantage, correct_BG, rollout.lengths_N.reshape(-1, G)
     )
     adv_N = adv_BG.reshape(-1)
     if rl.advantage.estimator == "expert_iteration":

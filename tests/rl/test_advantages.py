@@ -244,3 +244,31 @@ def test_pass_at_1_is_grpo_on_correctness():
         adv_lib.compute_advantages(correct, AdvantageConfig("pass_at_k", pass_k=6))
     with pytest.raises(ValueError, match="pass_k=0"):
         AdvantageConfig("pass_at_k", pass_k=0)
+
+
+def test_reinforce_pp_whitening_over_tokens_weighs_long_completions():
+    # Centred (2, -1, -1), (1, -1, 0) with lengths (1, 3, 1), (2, 1, 1): the token-weighted mean
+    # is (2 - 3 - 1 + 2 - 1 + 0) / 9 = -1/9; the population variance over the 9 tokens
+    # sum_i len_i (a_i - m)^2 / 9.
+    rewards = jnp.asarray([[3.0, 0.0, 0.0], [2.0, 0.0, 1.0]])
+    lengths = jnp.asarray([[1, 3, 1], [2, 1, 1]])
+    a = np.array([[2.0, -1.0, -1.0], [1.0, -1.0, 0.0]])
+    w = np.asarray(lengths, np.float64)
+    m = (w * a).sum() / w.sum()
+    for kind, ddof in (("population", 0), ("sample", 1)):
+        cfg = AdvantageConfig("reinforce_pp_baseline", whiten_over="tokens", std_kind=kind, eps=0.0)
+        adv, _ = adv_lib.compute_advantages(rewards, cfg, lengths_BG=lengths)
+        std = math.sqrt((w * (a - m) ** 2).sum() / (w.sum() - ddof))
+        np.testing.assert_allclose(adv, (a - m) / std, rtol=1e-5)
+    # Equal lengths: the same as whitening over completions.
+    ones = jnp.ones((2, 3), jnp.int32)
+    tokens = AdvantageConfig("reinforce_pp_baseline", whiten_over="tokens", eps=0.0)
+    by_tokens, _ = adv_lib.compute_advantages(rewards, tokens, lengths_BG=3 * ones)
+    by_rows, _ = adv_lib.compute_advantages(
+        rewards, AdvantageConfig("reinforce_pp_baseline", eps=0.0)
+    )
+    np.testing.assert_allclose(by_tokens, by_rows, rtol=1e-6)
+    with pytest.raises(ValueError, match="needs lengths_BG"):
+        adv_lib.compute_advantages(rewards, tokens)
+    with pytest.raises(ValueError, match="whiten_over='tokens' applies"):
+        AdvantageConfig("grpo", whiten_over="tokens")
