@@ -74,7 +74,7 @@ def main(argv: list[str]) -> None:
     # with a message. The training loop replaces these handlers with its own (save, then stop).
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _terminate_during_startup)
-    compilation.COMPILES.install()  # the time to the first step counts from here
+    compilation.COMPILES.install(notices=True)  # the time to the first step counts from here
     # Orbax logs every checkpoint stage at INFO; the metrics ledger is the run's log.
     logging.set_verbosity(logging.WARNING)
     if _PLATFORM.value:

@@ -53,3 +53,21 @@ def test_the_cache_is_off_for_none_and_defaults_under_the_users_cache(tmp_path, 
     assert compilation.default_cache_dir() == tmp_path / "rlvr_jax" / "jax"
     assert compilation.enable_cache("none") is None
     assert compilation.enable_cache("") is None
+
+
+def test_a_long_compilation_says_so_and_a_short_one_does_not():
+    lines = []
+    log = compilation.CompileLog(notice_after=0.0, printer=lines.append)
+    log.notices = True
+    lowered, compiled = compilation._LOWERED, compilation._BACKEND_COMPILE
+    log._duration(lowered, 0.1, fun_name="jit(step)")
+    log._timer.value[0].join()  # the notice fires at once with notice_after=0
+    log._duration(compiled, 12.5, fun_name="jit(step)")
+    assert lines == ["compiling jit(step) ...", "jit(step) compiled in 12.5 s"]
+    quiet = compilation.CompileLog(notice_after=3600.0, printer=lines.append)
+    quiet.notices = True
+    quiet._duration(lowered, 0.1, fun_name="jit(small)")
+    quiet._duration(compiled, 0.2, fun_name="jit(small)")
+    assert len(lines) == 2
+    assert [p.name for p in quiet.programs] == ["jit(small)"]
+    assert quiet.metrics()["startup/programs_compiled"] == 1

@@ -8,20 +8,27 @@ reading them back would cost about as much.
 
 `CompileLog` listens to JAX's monitoring events and keeps, per compiled program, its name, the
 seconds spent and whether the persistent cache served it; the run skeleton writes its totals and
-the time to the first step into the first step's row of the metrics ledger ("startup/...").
+the time to the first step into the metrics ledger's "startup" record. With notices on (the
+commands), a compilation still running after `NOTICE_AFTER_SECONDS` says so on stderr
+("compiling jit(step) ..."), and how long it took once done, so a long compile does not look
+like a hang.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
 
 MIN_COMPILE_SECONDS = 1.0
+NOTICE_AFTER_SECONDS = 5.0
+_LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # reported as the compile starts
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
@@ -62,16 +69,25 @@ class CompileLog:
     compilation's duration; so a hit marks the next duration reported on its thread.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        notice_after: float = NOTICE_AFTER_SECONDS,
+        printer: Callable[[str], None] | None = None,
+    ) -> None:
         self.started = time.time()
         self.programs: list[Compiled] = []
+        self.notice_after = notice_after
+        self.notices = False
+        self._print = printer or (lambda line: print(line, file=sys.stderr, flush=True))
         self._hit = threading.local()
+        self._timer = threading.local()
         self._installed = False
         self._lock = threading.Lock()
 
-    def install(self) -> CompileLog:
-        """Registers the listeners (once; later calls do nothing)."""
+    def install(self, notices: bool = False) -> CompileLog:
+        """Registers the listeners (once; later calls do nothing but turn notices on)."""
         with self._lock:
+            self.notices = self.notices or notices
             if not self._installed:
                 jax.monitoring.register_event_listener(self._event)
                 jax.monitoring.register_event_duration_secs_listener(self._duration)
@@ -84,12 +100,33 @@ class CompileLog:
             self._hit.value = True
 
     def _duration(self, event: str, seconds: float, **kwargs) -> None:
+        name = str(kwargs.get("fun_name", "?"))
+        if event == _LOWERED and self.notices:
+            fired = threading.Event()
+
+            def notice() -> None:
+                fired.set()
+                self._print(f"compiling {name} ...")
+
+            timer = threading.Timer(self.notice_after, notice)
+            timer.daemon = True
+            timer.start()
+            self._timer.value = (timer, fired)
         if event != _BACKEND_COMPILE:
             return
         hit = getattr(self._hit, "value", False)
         self._hit.value = False
+        pending = getattr(self._timer, "value", None)
+        self._timer.value = None
+        if pending is not None:
+            timer, fired = pending
+            timer.cancel()
+            timer.join()
+            if fired.is_set():
+                how = "read back from the compile cache" if hit else "compiled"
+                self._print(f"{name} {how} in {seconds:.1f} s")
         with self._lock:
-            self.programs.append(Compiled(str(kwargs.get("fun_name", "?")), seconds, hit))
+            self.programs.append(Compiled(name, seconds, hit))
 
     def metrics(self) -> dict[str, float]:
         """Seconds since `install()` ("startup/seconds") and, over the programs so far,
