@@ -53,9 +53,7 @@ flags.DEFINE_string("out", "", "The JSON file (default: <workdir>/eval/<data>.js
 flags.DEFINE_string(
     "compile_cache",
     str(compilation.default_cache_dir()),
-    "Directory of JAX's persistent compilation cache (default: ~/.cache/rlvr_jax/jax, or under "
-    "$XDG_CACHE_HOME); a second launch reads its programs back instead of compiling them. "
-    "'none' turns it off.",
+    compilation.CACHE_FLAG_HELP,
 )
 
 

@@ -27,6 +27,11 @@ from pathlib import Path
 import jax
 
 MIN_COMPILE_SECONDS = 1.0
+CACHE_FLAG_HELP = (
+    "Directory of JAX's persistent compilation cache (default: ~/.cache/rlvr_jax/jax, or under "
+    "$XDG_CACHE_HOME); a second launch reads its programs back instead of compiling them. "
+    "'none' turns it off."
+)
 NOTICE_AFTER_SECONDS = 5.0
 _LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # reported as the compile starts
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"

@@ -113,8 +113,8 @@ class LossConfig:
         sampler's numerics differing from the trainer's (truncated importance sampling, Yao et
         al. 2025, "Your efficient RL framework secretly brings you off-policy RL training").
       tis_level: "token" (each token's own ratio) or "sequence" (one weight per completion,
-        `min(prod_t pi_old / pi_sampler, C)`, on all its tokens: unbiased for a sequence-level
-        objective, higher variance).
+        `min(prod_t pi_old / pi_sampler, C)`, on all its tokens: the whole sequence's likelihood
+        ratio, higher variance than the per-token weights).
       icepop_low, icepop_high: IcePop (Ring-1T, inclusionAI 2025): weight each token's
         policy-gradient loss by k = pi_old / pi_sampler where `icepop_low <= k <= icepop_high`
         and drop the token from it otherwise (its gradient is zero; it still counts in the
