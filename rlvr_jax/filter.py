@@ -28,7 +28,7 @@ from rlvr_jax.data import datasets, templates
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer, load_tokenizer
 from rlvr_jax.model import loading
-from rlvr_jax.program import difficulty
+from rlvr_jax.program import compilation, difficulty
 
 # A private flag set, so that importing this module next to another entry point (rlvr_jax.main)
 # defines no duplicate flags in absl's global FLAGS.
@@ -71,6 +71,12 @@ flags.DEFINE_float("temperature", 1.0, "Sampling temperature.", flag_values=FLAG
 flags.DEFINE_float("top_p", 1.0, "Top-p.", flag_values=FLAGS)
 flags.DEFINE_string("dtype", "float32", "Compute dtype.", flag_values=FLAGS)
 flags.DEFINE_integer("seed", 0, "Seed of sampling and generated tasks.", flag_values=FLAGS)
+flags.DEFINE_string(
+    "compile_cache",
+    str(compilation.default_cache_dir()),
+    compilation.CACHE_FLAG_HELP,
+    flag_values=FLAGS,
+)
 flags.DEFINE_bool(
     "drop_all_solved", True, "Drop prompts solved in all N samples.", flag_values=FLAGS
 )
@@ -207,6 +213,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {list(argv[1:])}")
+    compilation.enable_cache(FLAGS.compile_cache)
     _execute()
 
 
