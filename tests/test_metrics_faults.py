@@ -333,7 +333,9 @@ def test_a_run_that_hits_a_full_disk_stops_at_once_and_resumes(tmp_path, monkeyp
     assert time.monotonic() - failed_at[0] < HANG_GUARD_S
     assert str(info.value) == f"metrics: cannot write {ledger}: {ENOSPC}"
     records = _lines(ledger)
-    assert [(r["step"], r["record"]) for r in records] == [(0, "eval"), (1, "step"), (2, "step")]
+    # The process's start-up record comes with its first step.
+    first = [(0, "eval"), (1, "startup"), (1, "step"), (2, "step")]
+    assert [(r["step"], r["record"]) for r in records] == first
     reader = ckpt_lib.Checkpointer(tmp_path / "checkpoints", every_steps=0, read_only=True)
     try:
         assert reader.all_steps() == [2]
@@ -345,4 +347,4 @@ def test_a_run_that_hits_a_full_disk_stops_at_once_and_resumes(tmp_path, monkeyp
     assert result["resumed_from"] == 2 and result["steps"] == 4
     records = _lines(ledger)
     kinds = [(r["step"], r["record"]) for r in records]
-    assert kinds == [(0, "eval"), *[(i, "step") for i in range(1, 5)], (4, "final")]
+    assert kinds == [*first, (3, "startup"), (3, "step"), (4, "step"), (4, "final")]
