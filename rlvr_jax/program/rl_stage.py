@@ -121,15 +121,6 @@ def build_rl_step(
     else:
         rollout_fn = ts.build_rollout(model_cfg, s.rl, plan)
         update_fn = ts.build_update(model_cfg, s.rl, optimizer, schedule, plan)
-    T = s.rl.sampler.max_new_tokens
-    if s.rl.partial_budget:
-        # A round: each row's prompt and tokens so far (so no prompt group), `budget` new tokens.
-        segment_sampler = dataclasses.replace(
-            s.rl.sampler, max_new_tokens=min(s.rl.partial_budget, T), prompt_group=1
-        )
-        segment_rl = dataclasses.replace(s.rl, sampler=segment_sampler, shared_prompt_forward=False)
-        segment_fn = ts.build_rollout(model_cfg, segment_rl, plan)
-        context_buckets = (*s.data.buckets, max(s.data.buckets) + T)
     timer = metrics_lib.StageTimer()
 
     def select(sampler_state):
@@ -185,6 +176,61 @@ def build_rl_step(
         attempts = [(r.examples, r.parts["correct"].reshape(-1, G)) for r in rounds]
         return state, sampler_state, out, fill_metrics, attempts
 
+    run_batch = one_batch
+    if s.data.dynamic_sampling:
+        run_batch = dynamic_batch
+    elif s.rl.partial_budget:
+        run_batch = build_partial_batch(
+            s, model_cfg, task, sampler, encoded, plan, pad_id, timer, update
+        )
+
+    def step(state, data_state):
+        with timer.stage("step"):
+            state, data_state, out, extra, attempts = run_batch(state, data_state)
+            metrics = {**out.metrics, **extra, **task.stats()}
+        sampler_state = data_state.inner if s.rl.partial_budget else data_state
+        for examples, success_BG in attempts:
+            sampler_state = sampler.update(
+                sampler_state, [ex.id for ex in examples], np.asarray(success_BG)
+            )
+        # Success per group of the rows trained on (the kept groups under dynamic sampling).
+        trained_BG = np.asarray(out.rows.correct_N).reshape(-1, G)
+        hist = np.bincount(np.rint(trained_BG.sum(axis=1)).astype(int), minlength=G + 1)
+        metrics["groups/success_hist"] = hist.tolist()
+        metrics.update(timer.metrics())
+        if s.data.sampler == "curriculum":
+            metrics.update(curriculum_lib.summary_stats(sampler_state))
+        if s.rl.partial_budget:
+            return state, dataclasses.replace(data_state, inner=sampler_state), metrics
+        return state, sampler_state, metrics
+
+    return step
+
+
+def build_partial_batch(
+    s: Settings,
+    model_cfg: ModelConfig,
+    task: Task,
+    sampler: curriculum_lib.EpochSampler | curriculum_lib.CurriculumSampler,
+    encoded: templates.EncodedPrompts,
+    plan: sharding_plan.StepShardings,
+    pad_id: int,
+    timer: metrics_lib.StageTimer,
+    update: Callable[..., tuple[TrainState, Any]],
+) -> Callable[[TrainState, PartialState], tuple]:
+    """The batch of a step with partial rollouts (`rl.partial`): rounds of at most
+    `rl.partial_budget` tokens per row until B groups have ended, then `update` on them.
+    Returns `(state, data_state) -> (state, data_state, output, metrics, attempts)`."""
+    G, B = s.rl.group_size, s.train.batch_prompts
+    T = s.rl.sampler.max_new_tokens
+    # A round: each row's prompt and tokens so far (so no prompt group), `budget` new tokens.
+    segment_sampler = dataclasses.replace(
+        s.rl.sampler, max_new_tokens=min(s.rl.partial_budget, T), prompt_group=1
+    )
+    segment_rl = dataclasses.replace(s.rl, sampler=segment_sampler, shared_prompt_forward=False)
+    segment_fn = ts.build_rollout(model_cfg, segment_rl, plan)
+    context_buckets = (*s.data.buckets, max(s.data.buckets) + T)
+
     def partial_round(state, groups):
         """Decodes up to the budget after each row of `groups`; returns the state, the tokens
         kept, the round's slot-steps and decode steps."""
@@ -235,33 +281,7 @@ def build_rl_step(
         attempts = [(chosen, np.asarray(out.rows.correct_N).reshape(-1, G))]
         return state, PartialState(inner, tuple(pending)), out, extra, attempts
 
-    run_batch = one_batch
-    if s.data.dynamic_sampling:
-        run_batch = dynamic_batch
-    elif s.rl.partial_budget:
-        run_batch = partial_batch
-
-    def step(state, data_state):
-        with timer.stage("step"):
-            state, data_state, out, extra, attempts = run_batch(state, data_state)
-            metrics = {**out.metrics, **extra, **task.stats()}
-        sampler_state = data_state.inner if s.rl.partial_budget else data_state
-        for examples, success_BG in attempts:
-            sampler_state = sampler.update(
-                sampler_state, [ex.id for ex in examples], np.asarray(success_BG)
-            )
-        # Success per group of the rows trained on (the kept groups under dynamic sampling).
-        trained_BG = np.asarray(out.rows.correct_N).reshape(-1, G)
-        hist = np.bincount(np.rint(trained_BG.sum(axis=1)).astype(int), minlength=G + 1)
-        metrics["groups/success_hist"] = hist.tolist()
-        metrics.update(timer.metrics())
-        if s.data.sampler == "curriculum":
-            metrics.update(curriculum_lib.summary_stats(sampler_state))
-        if s.rl.partial_budget:
-            return state, dataclasses.replace(data_state, inner=sampler_state), metrics
-        return state, sampler_state, metrics
-
-    return step
+    return partial_batch
 
 
 def resolve_microbatches(
