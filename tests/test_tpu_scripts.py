@@ -2,7 +2,7 @@
 
 The remote command is a string that the worker's login shell parses again. Here it is run on
 this machine by bash and by a plain POSIX sh, with HOME in a temporary folder and stand-ins for
-python, git and pip that only record their arguments, so a config, workdir, flag or URL that
+python, git, pip and sudo that only record their arguments, so a config, workdir, flag or URL that
 split into several words or started a second command would show up in the record or as a file.
 """
 
@@ -91,7 +91,7 @@ def worker(tmp_path):
     (home / "venv" / "bin" / "activate").write_text("")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("python", "python3", "git", "pip"):
+    for name in ("python", "python3", "git", "pip", "sudo"):
         tool = bin_dir / name
         tool.write_text(RECORDER.format(python=sys.executable))
         tool.chmod(0o755)
@@ -227,6 +227,7 @@ def test_setup_clones_the_url_as_one_word(shell, index, worker):
     assert result.returncode == 0, result.stderr
     home = str(worker.home)
     assert calls == [
+        ["sudo", "-n", "apt-get", "install", "-y", "-qq", "bubblewrap"],
         ["git", "clone", "--", url, f"{home}/rlvr_jax"],
         ["git", "pull", "--ff-only"],
         ["python3", "-m", "venv", f"{home}/venv"],
