@@ -51,6 +51,7 @@ VARIANTS = (
     "curriculum",
     "no_std_curriculum",
     "expert_iteration",
+    "ppo",
 )
 
 

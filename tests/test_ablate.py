@@ -44,6 +44,9 @@ def test_every_variant_builds_settings_that_differ_only_where_named():
     assert built["curriculum"].data.sampler == "curriculum"
     ei = built["expert_iteration"]
     assert (ei.rl.advantage.estimator, ei.rl.loss.policy_loss) == ("expert_iteration", "reinforce")
+    ppo = built["ppo"]
+    assert (ppo.rl.advantage.estimator, ppo.rl.critic.kind) == ("gae", "model")
+    assert all(s.rl.critic.kind == "none" for name, s in built.items() if name != "ppo")
     for name, s in built.items():
         # Same prompts and budget everywhere.
         same = dataclasses.replace(s.data, sampler="epoch")
@@ -64,8 +67,8 @@ def test_qwen_config_builds():
 
 
 def test_bad_settings_are_named():
-    with pytest.raises(ConfigError, match="'ppo'"):
-        _split(variants="grpo,ppo")
+    with pytest.raises(ConfigError, match="'a2c'"):
+        _split(variants="grpo,a2c")
     with pytest.raises(ConfigError, match="seeds"):
         _split(seeds="0,0")
     c = ablation_config.get_config()

@@ -47,6 +47,7 @@ BASE: dict[str, Any] = {
     "rl.advantage.std_scaling": "group",
     "rl.loss.aggregation": "seq_mean_token_mean",
     "rl.loss.policy_loss": "ppo_clip",
+    "rl.critic.kind": "none",
     "reward.length_weight": 0.0,
     "data.sampler": "epoch",
 }
@@ -81,6 +82,16 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
             "rl.advantage.estimator": "expert_iteration",
             "rl.advantage.std_scaling": "none",
             "rl.loss.policy_loss": "reinforce",
+            "rl.loss.aggregation": "token_mean",
+        },
+    ),
+    "ppo": (
+        "PPO: a separate critic, GAE (gamma 1, lambda 0.95), token_mean",
+        {
+            "rl.advantage.estimator": "gae",
+            "rl.advantage.std_scaling": "batch",
+            "rl.critic.kind": "model",
+            "rl.critic.learning_rate": 1e-3,
             "rl.loss.aggregation": "token_mean",
         },
     ),

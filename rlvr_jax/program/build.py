@@ -1,7 +1,8 @@
 """The pieces a stage or a command builds from the settings: tokenizer, policy, examples.
 
-`load_policy` loads weights from `model.source`; `restore_policy` rebuilds a run's train state
-layout without allocating it and restores the newest readable (or a named) checkpoint into it, so
+`load_policy` loads weights from `model.source`; `critic_state` builds PPO's value model;
+`restore_policy` rebuilds a run's train state layout (with its value model, if it has one)
+without allocating it and restores the newest readable (or a named) checkpoint into it, so
 that eval and export read a run exactly as it trained.
 """
 
@@ -25,6 +26,7 @@ from rlvr_jax.model.transformer import Params, init_params
 from rlvr_jax.program import checkpoint as ckpt_lib
 from rlvr_jax.program.settings import DataSettings, ModelSettings, Settings, load_settings
 from rlvr_jax.rl import state as state_lib
+from rlvr_jax.rl import value as value_lib
 from rlvr_jax.sampling import SamplerConfig
 
 CHECKPOINTS = "checkpoints"
@@ -120,6 +122,32 @@ def policy_config(model: ModelSettings, tok: Tokenizer) -> ModelConfig:
     return cfg
 
 
+def critic_state(settings: Settings, params: Params) -> state_lib.CriticState | None:
+    """The value model's initial state for `rl.critic` (None without one): a zero head, and for
+    a separate critic a copy of `params` or, with `rl.critic.init` a workdir, the policy
+    weights of that run's newest checkpoint (same architecture as this run's policy)."""
+    critic = settings.rl.critic
+    if not critic.enabled:
+        return None
+    backbone = None
+    if critic.kind == "model" and critic.init != "policy":
+        if not Path(critic.init, "settings.json").is_file():
+            raise ConfigError(
+                f"rl.critic.init={critic.init!r}: neither 'policy' nor a run's workdir (no "
+                "settings.json there)"
+            )
+        backbone = restore_policy(critic.init)[0]
+        shapes = lambda p: jax.tree.map(lambda x: (x.shape, x.dtype), p)  # noqa: E731
+        if shapes(dataclasses.replace(backbone, lm_head=None)) != shapes(
+            dataclasses.replace(params, lm_head=None)
+        ):
+            raise ConfigError(
+                f"rl.critic.init={critic.init!r}: that run's weights do not have this policy's "
+                "architecture and dtypes"
+            )
+    return state_lib.init_critic_state(value_lib.init_critic(critic, params, backbone), critic)
+
+
 def restore_policy(
     workdir: str | os.PathLike, step: int | None = None
 ) -> tuple[Params, ModelConfig, Tokenizer, Settings, int]:
@@ -151,14 +179,20 @@ def restore_policy(
         def target(meta: dict[str, Any]) -> state_lib.TrainState:
             # The layout only: no parameter or optimizer memory is allocated before the restore.
             # Built per checkpoint, as each records whether it holds reference parameters.
-            return jax.eval_shape(
-                lambda: state_lib.init_train_state(
-                    init_params(jax.random.key(0), cfg),
-                    optimizer,
-                    jax.random.key(0),
-                    use_reference=bool(meta["ref_saved"]),
+            def init():
+                params = init_params(jax.random.key(0), cfg)
+                critic = None
+                if meta.get("has_critic"):
+                    rl = dataclasses.replace(
+                        settings.rl, critic=dataclasses.replace(settings.rl.critic, init="policy")
+                    )
+                    critic = critic_state(dataclasses.replace(settings, rl=rl), params)
+                use_ref = bool(meta["ref_saved"])
+                return state_lib.init_train_state(
+                    params, optimizer, jax.random.key(0), use_ref, critic
                 )
-            )
+
+            return jax.eval_shape(init)
 
         state, _ = ckpt.restore(target, step)
         step = ckpt.restored_step

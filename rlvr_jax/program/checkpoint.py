@@ -292,12 +292,15 @@ class Checkpointer:
         ref_saved = state.ref_params is not None and self.save_ref
         if ref_saved:
             tree["ref_params"] = state.ref_params
+        if state.critic is not None:
+            tree["critic"] = state.critic
         meta = {
             "version": FORMAT_VERSION,
             "ref_source": self.ref_source,
             "ref_saved": ref_saved,
             "has_ref": state.ref_params is not None,
             "rng_impl": rng_impl,
+            "has_critic": state.critic is not None,
         }
         return tree, meta
 
@@ -413,6 +416,7 @@ class Checkpointer:
             opt_state=tree["opt_state"],
             ref_params=ref,
             rng=rng,
+            critic=tree.get("critic"),
         )
         return state, host
 
@@ -431,6 +435,13 @@ class Checkpointer:
                 step,
                 meta["ref_source"],
                 self.ref_source,
+            )
+        has_critic = bool(meta.get("has_critic", False))
+        if has_critic != (target.critic is not None):
+            raise CheckpointError(
+                f"checkpoint {self.step_dir(step)} (step {step}) "
+                f"{'holds' if has_critic else 'has no'} value model (rl.critic) but this run "
+                f"{'has none' if has_critic else 'has one'}; rl.critic.kind must match the run's"
             )
         abstract = {
             "step": _abstract(target.step),
@@ -451,6 +462,8 @@ class Checkpointer:
         )
         if meta["ref_saved"]:
             abstract["ref_params"] = jax.tree.map(_abstract, target.ref_params)
+        if has_critic:
+            abstract["critic"] = jax.tree.map(_abstract, target.critic)
         return abstract, target_is_key
 
     def _resolve_step(self, step: int | None) -> int:

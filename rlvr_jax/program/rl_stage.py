@@ -365,7 +365,11 @@ def run(
 
     optimizer = state_lib.make_optimizer(s.optim)
     state = state_lib.init_train_state(
-        params, optimizer, jax.random.key(s.train.seed + 1), use_reference=s.rl.loss.kl_beta > 0
+        params,
+        optimizer,
+        jax.random.key(s.train.seed + 1),
+        use_reference=s.rl.loss.kl_beta > 0,
+        critic=build.critic_state(s, params),
     )
     # The state lives on the mesh from here on; the jitted programs keep its layout.
     rows = s.train.batch_prompts * s.rl.group_size

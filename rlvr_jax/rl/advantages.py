@@ -1,4 +1,5 @@
-"""Outcome advantages from group rewards: GRPO and its corrected variants.
+"""Advantages: outcome advantages from group rewards (GRPO and its corrected variants), and
+PPO's generalised advantage estimation from per-token rewards and a value model (`gae`).
 
 Every estimator maps `rewards_BG` (B prompts x G samples each, one scalar reward per completion) to
 `adv_BG`, one advantage per completion that the loss broadcasts over its tokens. The per-group
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
+from typing import Literal, get_args
 
 import jax
 import jax.numpy as jnp
@@ -25,13 +26,6 @@ import jax.numpy as jnp
 Array = jax.Array
 
 Estimator = Literal[
-    "grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp_baseline", "expert_iteration", "pass_at_k"
-]
-StdScaling = Literal["group", "batch", "none"]
-StdKind = Literal["population", "sample"]
-WhitenOver = Literal["completions", "tokens"]
-
-ESTIMATORS: tuple[str, ...] = (
     "grpo",
     "dr_grpo",
     "rloo",
@@ -39,7 +33,13 @@ ESTIMATORS: tuple[str, ...] = (
     "reinforce_pp_baseline",
     "expert_iteration",
     "pass_at_k",
-)
+    "gae",
+]
+StdScaling = Literal["group", "batch", "none"]
+StdKind = Literal["population", "sample"]
+WhitenOver = Literal["completions", "tokens"]
+
+ESTIMATORS: tuple[str, ...] = get_args(Estimator)
 STD_SCALINGS: tuple[str, ...] = ("group", "batch", "none")
 STD_KINDS: tuple[str, ...] = ("population", "sample")
 WHITEN_OVER: tuple[str, ...] = ("completions", "tokens")
@@ -53,6 +53,7 @@ _DEFAULT_STD: dict[str, str] = {
     "reinforce_pp_baseline": "batch",
     "expert_iteration": "none",
     "pass_at_k": "none",
+    "gae": "batch",
 }
 _ALLOWED_STD: dict[str, tuple[str, ...]] = {
     "grpo": STD_SCALINGS,
@@ -62,6 +63,7 @@ _ALLOWED_STD: dict[str, tuple[str, ...]] = {
     "reinforce_pp_baseline": ("batch",),
     "expert_iteration": ("none",),
     "pass_at_k": ("none",),
+    "gae": ("batch", "none"),
 }
 
 
@@ -101,13 +103,19 @@ class AdvantageConfig:
           `(1 - R - C(n - 1, k - 1) / C(G - 1, k - 1)) / s`: the mean over the k-subsets that
           hold the sample of their pass@k, less R, over s. A group where every k-subset holds a
           correct sample (n < k), or none does, gets zero. k = 1 is GRPO on correctness.
+        - "gae": PPO's generalised advantage estimation (Schulman et al. 2016) from per-token
+          rewards and a value model's per-token values (`gae`): one advantage per token, no
+          groups. Needs `rl.critic`; the rewards are the completion's reward on its last
+          token, less the KL penalty per token with `loss.kl_in="reward"` (`token_rewards`).
       std_scaling: the divisor after the baseline. None (default) takes the estimator's own:
         "group" for grpo, "batch" for reinforce_pp_baseline, "none" for the rest (pass_at_k
         divides by its own std).
         - "group": the std of the group's rewards (GRPO).
         - "batch": the std of all B x G rewards (group mean, batch std: Lite PPO, Liu et al.
           2025, "Tricks or Traps"; TRL's `scale_rewards="batch"`). For reinforce_pp_baseline,
-          the std of the group-centred values, as its whitening prescribes.
+          the std of the group-centred values, as its whitening prescribes. For gae (its
+          default), the advantages are whitened over the batch's tokens, mean and std, as
+          verl's `masked_whiten` does; "none" leaves them raw.
         - "none": no division (dr_grpo, rloo, reinforce).
         dr_grpo admits only "none" and reinforce_pp_baseline only "batch"; anything else would
         be a different estimator and raises.
@@ -116,6 +124,8 @@ class AdvantageConfig:
       eps: added to the std before dividing; must be >= 0. A zero-variance group is zeroed
         before any division, so eps=0 is safe.
       pass_k: k of "pass_at_k", in [1, G].
+      gamma, lam: GAE's discount and its lambda, each in [0, 1]. gamma = lam = 1 with zero
+        values gives the Monte-Carlo return-to-go as the advantage.
       whiten_over: what the reinforce_pp_baseline whitening averages over. "completions": one
         value each. "tokens": each completion's value counted once per generated token, as
         verl's `masked_whiten` over the response mask does, so long completions weigh more in
@@ -130,6 +140,8 @@ class AdvantageConfig:
     eps: float = 1e-4
     pass_k: int = 1
     whiten_over: WhitenOver = "completions"
+    gamma: float = 1.0
+    lam: float = 0.95
 
     def __post_init__(self):
         if self.estimator not in ESTIMATORS:
@@ -144,6 +156,10 @@ class AdvantageConfig:
             raise ValueError(f"eps={self.eps!r} must be a finite number >= 0")
         if isinstance(self.pass_k, bool) or not isinstance(self.pass_k, int) or self.pass_k < 1:
             raise ValueError(f"pass_k={self.pass_k!r} must be an integer >= 1")
+        for name in ("gamma", "lam"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1:
+                raise ValueError(f"{name}={v!r} must be a number in [0, 1]")
         if self.whiten_over not in WHITEN_OVER:
             raise ValueError(f"whiten_over={self.whiten_over!r}; expected one of {WHITEN_OVER}")
         if self.whiten_over == "tokens" and self.estimator != "reinforce_pp_baseline":
@@ -253,6 +269,8 @@ def compute_advantages(
         raise ValueError(f"rewards_BG must be (B, G); got shape {rewards_BG.shape}")
     B, G = rewards_BG.shape
     est, scaling = cfg.estimator, cfg.std_scaling
+    if est == "gae":
+        raise ValueError("estimator='gae' needs per-token values: use gae_advantages")
     if est == "rloo" and G < 2:
         raise ValueError(f"estimator='rloo' needs G >= 2 samples per prompt; got G={G}")
     if cfg.std_kind == "sample" and scaling != "none":
@@ -299,13 +317,114 @@ def compute_advantages(
     if est == "reinforce":
         adv_BG = jnp.where(jnp.max(r_BG) == jnp.min(r_BG), 0.0, adv_BG)
     stats = {
-        "adv/frac_zero_variance": jnp.mean(zero_var_B.astype(jnp.float32)),
-        "adv/frac_all_correct": jnp.mean(jnp.all(correct_BG, axis=1).astype(jnp.float32)),
-        "adv/frac_all_wrong": jnp.mean(jnp.all(~correct_BG, axis=1).astype(jnp.float32)),
+        **group_stats(r_BG, correct_BG),
         "adv/mean": jnp.mean(adv_BG),
         "adv/std": jnp.std(adv_BG),
         "adv/abs_max": jnp.max(jnp.abs(adv_BG)),
+    }
+    return adv_BG, stats
+
+
+def group_stats(rewards_BG: Array, correct_BG: Array) -> dict[str, Array]:
+    """The groups' make-up, whatever the estimator: "adv/frac_zero_variance",
+    "adv/frac_all_correct", "adv/frac_all_wrong" (fractions of the B groups), "reward/mean" and
+    "reward/std" (population std over all B x G)."""
+    r_BG = rewards_BG.astype(jnp.float32)
+    correct_BG = correct_BG.astype(bool)
+    return {
+        "adv/frac_zero_variance": jnp.mean(zero_variance_groups(r_BG).astype(jnp.float32)),
+        "adv/frac_all_correct": jnp.mean(jnp.all(correct_BG, axis=1).astype(jnp.float32)),
+        "adv/frac_all_wrong": jnp.mean(jnp.all(~correct_BG, axis=1).astype(jnp.float32)),
         "reward/mean": jnp.mean(r_BG),
         "reward/std": jnp.std(r_BG),
     }
-    return adv_BG, stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Generalised advantage estimation (PPO with a value model)
+
+
+def last_token(mask_NT: Array) -> Array:
+    """(N, T) bool: each row's last position on the mask (none for an empty row)."""
+    m_NT = mask_NT.astype(jnp.int32)
+    from_right_NT = jnp.cumsum(m_NT[:, ::-1], axis=1)[:, ::-1]  # mask positions at or after t
+    return mask_NT.astype(bool) & (from_right_NT == 1)
+
+
+def token_rewards(
+    rewards_N: Array, mask_NT: Array, kl_NT: Array | None = None, kl_beta: float = 0.0
+) -> Array:
+    """(N, T) f32 per-token rewards: each completion's reward on its last token, less
+    `kl_beta` times the per-token KL estimate on every token (PPO-RLHF's reward, Ouyang et al.
+    2022); zero off the mask. With gamma = 1 a row's rewards sum to `kl_penalized_rewards`'s."""
+    r_NT = jnp.where(last_token(mask_NT), rewards_N.astype(jnp.float32)[:, None], 0.0)
+    if kl_NT is not None and kl_beta:
+        r_NT = r_NT - kl_beta * jax.lax.stop_gradient(kl_NT.astype(jnp.float32))
+    return jnp.where(mask_NT, r_NT, 0.0)
+
+
+def gae(
+    rewards_NT: Array, values_NT: Array, mask_NT: Array, gamma: float, lam: float
+) -> tuple[Array, Array]:
+    """Generalised advantage estimation over the positions on the mask.
+
+    `delta_t = r_t + gamma V(s_{t+1}) - V(s_t)`, `A_t = delta_t + gamma lam A_{t+1}`, with
+    `V = 0` and `A = 0` after a row's last position; the return target is `A_t + V(s_t)`.
+    Positions off the mask (padding after the end, observation tokens of a multi-turn row) are
+    skipped: the chain links each position to the next one on the mask, as verl's masked GAE.
+
+    Args:
+      rewards_NT: per-token rewards (`token_rewards`).
+      values_NT: the value model's V(s_t), the value of the prefix before token t.
+      mask_NT: the tokens that are the policy's actions.
+      gamma, lam: the discount and GAE's lambda (static).
+
+    Returns:
+      adv_NT, returns_NT: f32, zero off the mask; constants (stop-gradient).
+    """
+    f32 = jnp.float32
+    r_TN, v_TN = (jax.lax.stop_gradient(x.astype(f32)).T for x in (rewards_NT, values_NT))
+    m_TN = mask_NT.astype(bool).T
+
+    def back(carry, xs):
+        next_value_N, next_adv_N = carry
+        r_N, v_N, m_N = xs
+        adv_N = r_N + gamma * next_value_N - v_N + gamma * lam * next_adv_N
+        carry = (jnp.where(m_N, v_N, next_value_N), jnp.where(m_N, adv_N, next_adv_N))
+        return carry, jnp.where(m_N, adv_N, 0.0)
+
+    zeros_N = jnp.zeros(r_TN.shape[1], f32)
+    _, adv_TN = jax.lax.scan(back, (zeros_N, zeros_N), (r_TN, v_TN, m_TN), reverse=True)
+    adv_NT = adv_TN.T
+    return adv_NT, jnp.where(mask_NT, adv_NT + v_TN.T, 0.0)
+
+
+def masked_whiten(x_NT: Array, mask_NT: Array, kind: str, eps: float) -> Array:
+    """(x - mean) / (std + eps) over the positions on the mask; zero off it."""
+    m_NT = mask_NT.astype(jnp.float32)
+    n = jnp.maximum(jnp.sum(m_NT), 1.0)
+    mean = jnp.sum(m_NT * x_NT) / n
+    var = jnp.sum(m_NT * jnp.square(x_NT - mean)) / n
+    if kind == "sample":
+        var = var * n / jnp.maximum(n - 1.0, 1.0)
+    return jnp.where(mask_NT, _scale(x_NT - mean, jnp.sqrt(var), eps), 0.0)
+
+
+def gae_advantages(
+    rewards_NT: Array, values_NT: Array, mask_NT: Array, cfg: AdvantageConfig
+) -> tuple[Array, Array, dict[str, Array]]:
+    """GAE advantages (whitened over the batch's tokens unless `std_scaling="none"`), the
+    return targets (from the raw advantages) and "adv/mean", "adv/std", "adv/abs_max" over the
+    tokens on the mask."""
+    adv_NT, returns_NT = gae(rewards_NT, values_NT, mask_NT, cfg.gamma, cfg.lam)
+    if cfg.std_scaling == "batch":
+        adv_NT = masked_whiten(adv_NT, mask_NT, cfg.std_kind, cfg.eps)
+    m_NT = mask_NT.astype(jnp.float32)
+    n = jnp.maximum(jnp.sum(m_NT), 1.0)
+    mean = jnp.sum(m_NT * adv_NT) / n
+    stats = {
+        "adv/mean": mean,
+        "adv/std": jnp.sqrt(jnp.sum(m_NT * jnp.square(adv_NT - mean)) / n),
+        "adv/abs_max": jnp.max(jnp.where(mask_NT, jnp.abs(adv_NT), 0.0)),
+    }
+    return adv_NT, returns_NT, stats

@@ -8,6 +8,7 @@ from typing import Literal
 from rlvr_jax import sampling
 from rlvr_jax.rl import advantages as adv_lib
 from rlvr_jax.rl import losses
+from rlvr_jax.rl.value import CriticConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,7 @@ class RLConfig:
         `loss.tis_cap`, which must be set; the think budget is refused.
       advantage: the advantage estimator.
       loss: the policy objective.
+      critic: PPO's value model (`rl.value`); needed by, and only by, the "gae" estimator.
       sampler: static sampler settings (max_new_tokens, eos ids, stops, top_k, think budget).
     """
 
@@ -61,6 +63,7 @@ class RLConfig:
     sampler: sampling.SamplerConfig
     advantage: adv_lib.AdvantageConfig = adv_lib.AdvantageConfig()
     loss: losses.LossConfig = losses.LossConfig()
+    critic: CriticConfig = CriticConfig()
     mu: int = 1
     num_minibatches: int = 1
     num_microbatches: int | Literal["auto"] = 1
@@ -99,6 +102,13 @@ class RLConfig:
             raise ValueError(
                 f"rl.group_size={self.group_size} with advantage estimator "
                 f"{self.advantage.estimator!r}: a group baseline needs at least 2 samples"
+            )
+        gae = self.advantage.estimator == "gae"
+        if gae != self.critic.enabled:
+            raise ValueError(
+                f"rl.advantage.estimator={self.advantage.estimator!r} with rl.critic.kind="
+                f"{self.critic.kind!r}: GAE needs a value model and only GAE uses one (set both "
+                "estimator='gae' and kind='head' or 'model', or neither)"
             )
         if not self.temperature > 0:
             raise ValueError(f"rl.temperature={self.temperature} must be positive")

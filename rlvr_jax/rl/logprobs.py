@@ -89,6 +89,24 @@ def token_logprobs(
     return unchunk(logp_KNC), unchunk(entropy_KNC)
 
 
+def completion_hidden_states(
+    params: Params,
+    tokens_NT: Array,
+    positions_NT: Array,
+    cfg: ModelConfig,
+    mask_NT: Array | None = None,
+    first_target: int = 1,
+) -> Array:
+    """The final-norm hidden states (N, T - first_target, D) that predict tokens
+    `first_target .. T-1`: those of positions `first_target - 1 .. T - 2`, from one full causal
+    pass. Arguments as `next_token_logprobs`."""
+    T = tokens_NT.shape[1]
+    if not 1 <= first_target < T:
+        raise ValueError(f"first_target={first_target} must be in [1, T={T})")
+    h_NTD, _ = hidden_states(params, tokens_NT, positions_NT, cfg, mask_BT=mask_NT)
+    return h_NTD[:, first_target - 1 : -1]
+
+
 def next_token_logprobs(
     params: Params,
     tokens_NT: Array,
@@ -101,7 +119,7 @@ def next_token_logprobs(
 ) -> tuple[Array, Array]:
     """Teacher-forced log-probs of `tokens_NT[:, first_target:]` given their prefixes.
 
-    One full causal pass (`transformer.hidden_states`), then `token_logprobs` on the hidden
+    One full causal pass (`completion_hidden_states`), then `token_logprobs` on the hidden
     states of positions `first_target - 1 .. T - 2`, which predict tokens `first_target .. T-1`.
     With a prompt of P (left-padded) tokens followed by the completion, `first_target=P` gives
     the completion's log-probs, aligned with the completion tokens.
@@ -117,18 +135,42 @@ def next_token_logprobs(
     Returns:
       logp and entropy, each (N, T - first_target) f32.
     """
-    T = tokens_NT.shape[1]
-    if not 1 <= first_target < T:
-        raise ValueError(f"first_target={first_target} must be in [1, T={T})")
-    h_NTD, _ = hidden_states(params, tokens_NT, positions_NT, cfg, mask_BT=mask_NT)
-    return token_logprobs(
+    h_NTD = completion_hidden_states(params, tokens_NT, positions_NT, cfg, mask_NT, first_target)
+    return token_logprobs(params, h_NTD, tokens_NT[:, first_target:], cfg, chunk_size, temperature)
+
+
+def grouped_completion_hidden_states(
+    params: Params,
+    tokens_NS: Array,
+    positions_NS: Array,
+    cfg: ModelConfig,
+    mask_NS: Array,
+    group_size: int,
+    prompt_len: int,
+) -> Array:
+    """`completion_hidden_states(..., first_target=prompt_len)` for rows in groups that share a
+    prompt, with each group's prompt run through the model once
+    (`transformer.grouped_hidden_states`); arguments as `grouped_next_token_logprobs`."""
+    N, S = tokens_NS.shape
+    G, P = group_size, prompt_len
+    if N % G:
+        raise ValueError(f"{N} rows do not split into groups of {G}")
+    if not 1 <= P < S:
+        raise ValueError(f"prompt_len={P} must be in [1, S={S})")
+    first = lambda x: x[::G, :P]  # noqa: E731
+    h_BPD, h_NTD = grouped_hidden_states(
         params,
-        h_NTD[:, first_target - 1 : -1],
-        tokens_NT[:, first_target:],
+        first(tokens_NS),
+        first(mask_NS),
+        first(positions_NS),
+        tokens_NS[:, P:],
+        mask_NS[:, P:],
+        positions_NS[:, P:],
         cfg,
-        chunk_size,
-        temperature,
     )
+    # The last prompt position predicts the first completion token, for each of the G rows.
+    h_last = jnp.repeat(h_BPD[:, -1:], G, axis=0)
+    return jnp.concatenate([h_last, h_NTD[:, :-1]], axis=1)
 
 
 def grouped_next_token_logprobs(
@@ -152,24 +194,8 @@ def grouped_next_token_logprobs(
     Returns:
       logp and entropy of the completion tokens, each (N, S - prompt_len) f32.
     """
-    N, S = tokens_NS.shape
-    G, P = group_size, prompt_len
-    if N % G:
-        raise ValueError(f"{N} rows do not split into groups of {G}")
-    if not 1 <= P < S:
-        raise ValueError(f"prompt_len={P} must be in [1, S={S})")
-    first = lambda x: x[::G, :P]  # noqa: E731
-    h_BPD, h_NTD = grouped_hidden_states(
-        params,
-        first(tokens_NS),
-        first(mask_NS),
-        first(positions_NS),
-        tokens_NS[:, P:],
-        mask_NS[:, P:],
-        positions_NS[:, P:],
-        cfg,
+    h_NTD = grouped_completion_hidden_states(
+        params, tokens_NS, positions_NS, cfg, mask_NS, group_size, prompt_len
     )
-    # The last prompt position predicts the first completion token, for each of the G rows.
-    h_last = jnp.repeat(h_BPD[:, -1:], G, axis=0)
-    h_NTD = jnp.concatenate([h_last, h_NTD[:, :-1]], axis=1)
-    return token_logprobs(params, h_NTD, tokens_NS[:, P:], cfg, chunk_size, temperature)
+    targets_NT = tokens_NS[:, prompt_len:]
+    return token_logprobs(params, h_NTD, targets_NT, cfg, chunk_size, temperature)

@@ -4,7 +4,8 @@ KL; entropy; importance corrections for the sampler's log-probs (TIS, IcePop).
 Shapes: `logp_NT` the current policy's log-probs of the sampled tokens, `old_logp_NT` those of the
 policy that the advantages refer to (the trainer's recomputation at sampling time), `ref_logp_NT`
 the frozen reference, `sampler_logp_NT` what the sampler reported, `adv_N` one advantage per
-completion, `mask_NT` which tokens are completion tokens (not prompt, not padding).
+completion (or `(N, T)`, one per token, for GAE), `mask_NT` which tokens are completion tokens
+(not prompt, not padding).
 
 Gradient accumulation is exact by construction. The loss is `sum_nt w_nt * l_nt / Z`, where the
 token weights `w_NT` depend on one row only (`token_weights`) and the normaliser `Z` is a property
@@ -370,7 +371,9 @@ def per_token_loss(
         return jnp.where(mask_NT, x_NT.astype(f32), 0.0)
 
     logp_NT, old_logp_NT = clean(logp_NT), jax.lax.stop_gradient(clean(old_logp_NT))
-    A_N1 = jax.lax.stop_gradient(adv_N.astype(f32))[:, None]
+    # One advantage per row, broadcast over its tokens, or one per token (GAE): (N, 1) or (N, T).
+    A_N1 = jax.lax.stop_gradient(adv_N.astype(f32))
+    A_N1 = A_N1[:, None] if A_N1.ndim == 1 else A_N1
     parts: dict[str, Array] = {}
 
     ratio_NT = jnp.exp(_log_ratio(logp_NT, old_logp_NT, mask_NT, cfg.policy_loss))
@@ -441,7 +444,8 @@ def policy_loss(
       logp_NT: current policy log-probs of the sampled tokens (differentiated).
       old_logp_NT: log-probs under the policy the rollout and advantages belong to (constant).
         For a single on-policy update pass `jax.lax.stop_gradient(logp_NT)`: every ratio is 1.
-      adv_N: one advantage per row (constant), broadcast over its tokens.
+      adv_N: one advantage per row (constant), broadcast over its tokens; or (N, T), one per
+        token (GAE).
       mask_NT: tokens that enter the loss.
       cfg: the objective (static).
       normalizer: the global Z from `loss_normalizer` on the full batch; None computes it from

@@ -17,7 +17,8 @@ from rlvr_jax.types import FINISH_LENGTH, Rollout
 Array = jax.Array
 
 # Stacked per optimizer update (mu, num_minibatches); every other pass metric per microbatch.
-UPDATE_NORMS = ("grad_norm", "update_norm")
+# "value/grad_norm" is there only with a value model.
+UPDATE_NORMS = ("grad_norm", "update_norm", "value/grad_norm")
 
 
 @jax.tree_util.register_dataclass
@@ -88,7 +89,7 @@ def pass_metrics(stacked: dict[str, Array]) -> dict[str, Array]:
             out[k] = jnp.sum(v) / v.shape[0]  # summed over microbatches, averaged over updates
         else:
             out[k] = jnp.sum(weight * v)
-    out.update({k: jnp.mean(stacked[k]) for k in UPDATE_NORMS})
+    out.update({k: jnp.mean(stacked[k]) for k in UPDATE_NORMS if k in stacked})
     return out
 
 

@@ -1,8 +1,9 @@
 """The rows an update trains on, prepared from one rollout and its rewards.
 
 Sequences (prompt + completion), the loss mask, rewards -> advantages, and the frozen old and
-reference log-probs, computed once per rollout before any optimizer update. Rows are ordered
-`b * G + g` (sample g of prompt b) throughout.
+reference log-probs (and, for PPO, the values at sampling time and the GAE return targets),
+computed once per rollout before any optimizer update. Rows are ordered `b * G + g` (sample g
+of prompt b) throughout.
 """
 
 from __future__ import annotations
@@ -16,8 +17,13 @@ from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params, positions_from_mask
 from rlvr_jax.rl import advantages as adv_lib
 from rlvr_jax.rl import losses
+from rlvr_jax.rl import value as value_lib
 from rlvr_jax.rl.config import RLConfig
-from rlvr_jax.rl.logprobs import grouped_next_token_logprobs, next_token_logprobs
+from rlvr_jax.rl.logprobs import (
+    completion_hidden_states,
+    grouped_completion_hidden_states,
+    token_logprobs,
+)
 from rlvr_jax.rl.state import TrainState
 from rlvr_jax.types import FINISH_LENGTH, Rollout
 
@@ -42,10 +48,18 @@ class TrainRows:
 
     seq: Sequences
     loss_mask_NT: Array  # (N, T) bool: completion tokens that enter the loss
-    adv_N: Array  # (N,) f32
+    adv_N: Array  # (N,) f32; with GAE each row's mean over its loss tokens (for the results)
     old_logp_NT: Array | None  # None on-policy: the ratio's denominator is the current policy
     ref_logp_NT: Array | None  # None without a reference model
     sampler_logp_NT: Array  # what the sampler reported, for the mismatch and TIS
+    adv_NT: Array | None = None  # (N, T) f32 per-token advantages (GAE); None: adv_N broadcast
+    old_values_NT: Array | None = None  # (N, T) f32 values at sampling time (PPO)
+    returns_NT: Array | None = None  # (N, T) f32 GAE return targets (PPO)
+
+    @property
+    def advantages(self) -> Array:
+        """What the loss multiplies: (N, T) per token with GAE, else (N,) per row."""
+        return self.adv_N if self.adv_NT is None else self.adv_NT
 
 
 def sequences(rollout: Rollout) -> Sequences:
@@ -57,21 +71,21 @@ def sequences(rollout: Rollout) -> Sequences:
     return Sequences(tokens_NS, mask_NS, positions_from_mask(mask_NS), P)
 
 
-def policy_logprobs(
+def policy_hidden(
     params: Params, seq: Sequences, model_cfg: ModelConfig, rl: RLConfig, grouped: bool
-) -> tuple[Array, Array]:
-    """Log-probs and entropies (each (N, T) f32) of the completion tokens at the sampling
-    temperature.
+) -> Array:
+    """(N, T, D) final-norm hidden states that predict each completion token (and whose value
+    is that token's state value).
 
     Args:
-      params: the policy or reference weights.
+      params: the policy, reference or critic weights.
       seq: the rows' sequences.
       model_cfg: the architecture.
-      rl: reads `shared_prompt_forward`, `group_size`, `logprob_chunk`, `temperature`.
+      rl: reads `shared_prompt_forward`, `group_size`.
       grouped: the rows are whole groups in order, so each group's prompt can run once.
     """
     if grouped and rl.shared_prompt_forward:
-        return grouped_next_token_logprobs(
+        return grouped_completion_hidden_states(
             params,
             seq.tokens_NS,
             seq.positions_NS,
@@ -79,19 +93,28 @@ def policy_logprobs(
             seq.mask_NS,
             group_size=rl.group_size,
             prompt_len=seq.prompt_len,
-            chunk_size=rl.logprob_chunk,
-            temperature=rl.temperature,
         )
-    return next_token_logprobs(
-        params,
-        seq.tokens_NS,
-        seq.positions_NS,
-        model_cfg,
-        seq.mask_NS,
-        first_target=seq.prompt_len,
-        chunk_size=rl.logprob_chunk,
-        temperature=rl.temperature,
+    return completion_hidden_states(
+        params, seq.tokens_NS, seq.positions_NS, model_cfg, seq.mask_NS, seq.prompt_len
     )
+
+
+def hidden_logprobs(
+    params: Params, h_NTD: Array, seq: Sequences, model_cfg: ModelConfig, rl: RLConfig
+) -> tuple[Array, Array]:
+    """Log-probs and entropies (each (N, T) f32) of the completion tokens from `policy_hidden`'s
+    states, at the sampling temperature (chunked by `rl.logprob_chunk`)."""
+    targets_NT = seq.tokens_NS[:, seq.prompt_len :]
+    return token_logprobs(params, h_NTD, targets_NT, model_cfg, rl.logprob_chunk, rl.temperature)
+
+
+def policy_logprobs(
+    params: Params, seq: Sequences, model_cfg: ModelConfig, rl: RLConfig, grouped: bool
+) -> tuple[Array, Array]:
+    """Log-probs and entropies (each (N, T) f32) of the completion tokens at the sampling
+    temperature; arguments as `policy_hidden`."""
+    h_NTD = policy_hidden(params, seq, model_cfg, rl, grouped)
+    return hidden_logprobs(params, h_NTD, seq, model_cfg, rl)
 
 
 def _frozen_logprobs(params: Params, seq: Sequences, model_cfg: ModelConfig, rl: RLConfig):
@@ -105,6 +128,68 @@ def _loss_mask(rollout: Rollout, rl: RLConfig) -> Array:
     if rl.mask_truncated:
         mask_NT = mask_NT & (rollout.finish_N != FINISH_LENGTH)[:, None]
     return mask_NT
+
+
+def critic_values(
+    state: TrainState,
+    seq: Sequences,
+    model_cfg: ModelConfig,
+    rl: RLConfig,
+    grouped: bool,
+    h_NTD: Array | None = None,
+) -> Array:
+    """(N, T) f32 values of the completion's states under `state.critic`: its head on the
+    policy's hidden states (`h_NTD` when the caller has them) or on a separate critic's."""
+    critic = state.critic.params
+    if critic.backbone is not None:
+        h_NTD = policy_hidden(critic.backbone, seq, model_cfg, rl, grouped)
+    elif h_NTD is None:
+        h_NTD = policy_hidden(state.params, seq, model_cfg, rl, grouped)
+    return value_lib.head_values(critic.head, h_NTD)
+
+
+def _gae_rows(
+    state: TrainState,
+    rollout: Rollout,
+    rewards_N: Array,
+    seq: Sequences,
+    loss_mask_NT: Array,
+    ref_logp_NT: Array | None,
+    model_cfg: ModelConfig,
+    rl: RLConfig,
+) -> tuple[TrainRows, dict[str, Array]]:
+    """PPO's rows: per-token rewards -> the critic's values at sampling time -> GAE."""
+    actions_NT = rollout.mask_NT & ~rollout.injected_NT
+    kl_NT = None
+    if rl.loss.kl_in_reward:
+        kl_NT = losses.kl_penalty(rollout.logp_NT, ref_logp_NT, rl.loss.kl_estimator)
+    r_NT = adv_lib.token_rewards(rewards_N, actions_NT, kl_NT, rl.loss.kl_beta)
+    h_NTD = None
+    if state.critic.params.backbone is None:  # the head reads the policy's states: one forward
+        h_NTD = jax.lax.stop_gradient(policy_hidden(state.params, seq, model_cfg, rl, True))
+    values_NT = jax.lax.stop_gradient(critic_values(state, seq, model_cfg, rl, True, h_NTD))
+    adv_NT, returns_NT, stats = adv_lib.gae_advantages(r_NT, values_NT, actions_NT, rl.advantage)
+    stats.update(value_lib.value_stats(values_NT, returns_NT, actions_NT))
+    old_logp_NT = None
+    if not rl.on_policy:
+        if h_NTD is None:
+            old_logp_NT = _frozen_logprobs(state.params, seq, model_cfg, rl)
+        else:
+            old_logp_NT = hidden_logprobs(state.params, h_NTD, seq, model_cfg, rl)[0]
+    m_NT = loss_mask_NT.astype(jnp.float32)
+    adv_N = jnp.sum(m_NT * adv_NT, axis=1) / jnp.maximum(jnp.sum(m_NT, axis=1), 1.0)
+    rows = TrainRows(
+        seq,
+        loss_mask_NT,
+        adv_N,
+        old_logp_NT,
+        ref_logp_NT,
+        rollout.logp_NT,
+        adv_NT=adv_NT,
+        old_values_NT=values_NT,
+        returns_NT=returns_NT,
+    )
+    return rows, stats
 
 
 def prepare_rows(
@@ -129,7 +214,7 @@ def prepare_rows(
     Returns:
       rows: the training data.
       rewards_N: the rewards the advantages came from: the verifier's, less the KL penalty
-        when `rl.loss.kl_in == "reward"`.
+        when `rl.loss.kl_in == "reward"` (for GAE, per token: `advantages.token_rewards`).
       adv_stats: the advantage estimator's f32 scalar statistics.
     """
     G = rl.group_size
@@ -138,6 +223,11 @@ def prepare_rows(
     ref_logp_NT = None
     if state.ref_params is not None:
         ref_logp_NT = _frozen_logprobs(state.ref_params, seq, model_cfg, rl)
+    correct_BG = parts["correct"].reshape(-1, G) > 0 if "correct" in parts else None
+    if rl.advantage.estimator == "gae":  # the KL penalty goes in per token, not summed
+        rows, adv_stats = _gae_rows(
+            state, rollout, rewards_N, seq, loss_mask_NT, ref_logp_NT, model_cfg, rl
+        )
     if rl.loss.kl_in_reward:
         rewards_N = losses.kl_penalized_rewards(
             rewards_N,
@@ -147,7 +237,10 @@ def prepare_rows(
             rl.loss.kl_beta,
             rl.loss.kl_estimator,
         )
-    correct_BG = parts["correct"].reshape(-1, G) > 0 if "correct" in parts else None
+    if rl.advantage.estimator == "gae":
+        r_BG = rewards_N.reshape(-1, G)
+        group = adv_lib.group_stats(r_BG, r_BG > 0 if correct_BG is None else correct_BG)
+        return rows, rewards_N, {**group, **adv_stats}
     adv_BG, adv_stats = adv_lib.compute_advantages(
         rewards_N.reshape(-1, G), rl.advantage, correct_BG, rollout.lengths_N.reshape(-1, G)
     )

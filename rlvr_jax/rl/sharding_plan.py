@@ -2,8 +2,9 @@
 
 Parameters take their logical axes from `transformer.logical_axes`; every subtree of the
 optimizer state shaped like the parameters (Adam's moments, f32 master weights) takes the
-parameters' sharding; counters and the rng are replicated. `plan_step` bundles them with the
-rows' sharding for `rl.train_step.build_*`.
+parameters' sharding; counters and the rng are replicated. A separate critic's decoder is
+sharded like the policy (same table), its value head and the head's moments replicated.
+`plan_step` bundles them with the rows' sharding for `rl.train_step.build_*`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from jax.sharding import Mesh, NamedSharding
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.sharding import logical_spec, replicated, rows_sharding
 from rlvr_jax.model.transformer import Params, logical_axes
-from rlvr_jax.rl.state import TrainState
+from rlvr_jax.rl.state import CriticState, TrainState
+from rlvr_jax.rl.value import CriticParams
 
 
 def _is_names(x: Any) -> bool:
@@ -25,10 +27,14 @@ def _is_names(x: Any) -> bool:
 
 
 def param_shardings(model_cfg: ModelConfig, mesh: Mesh, params: Params) -> Params:
-    """A `Params` tree of NamedShardings for `params` (arrays or ShapeDtypeStructs)."""
+    """A `Params` tree of NamedShardings for `params` (arrays or ShapeDtypeStructs); an
+    `lm_head` of None (a critic's decoder) stays None."""
+    names = logical_axes(model_cfg)
+    if params.lm_head is None:
+        names = dataclasses.replace(names, lm_head=None)
     return jax.tree.map(
         lambda names, x: NamedSharding(mesh, logical_spec(names, x.shape, mesh)),
-        logical_axes(model_cfg),
+        names,
         params,
         is_leaf=_is_names,
     )
@@ -46,9 +52,24 @@ def mirror_params(tree: Any, model_cfg: ModelConfig, mesh: Mesh) -> Any:
     return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, Params))
 
 
+def critic_shardings(critic: CriticState, model_cfg: ModelConfig, mesh: Mesh) -> CriticState:
+    """The shardings of a `CriticState` (concrete or abstract)."""
+    rep = replicated(mesh)
+    params = critic.params
+    backbone = None
+    if params.backbone is not None:
+        backbone = param_shardings(model_cfg, mesh, params.backbone)
+    return CriticState(
+        step=rep,
+        params=CriticParams(jax.tree.map(lambda _: rep, params.head), backbone),
+        opt_state=mirror_params(critic.opt_state, model_cfg, mesh),
+    )
+
+
 def state_shardings(state: TrainState, model_cfg: ModelConfig, mesh: Mesh) -> TrainState:
     """The shardings of a `TrainState` (concrete or from `jax.eval_shape`)."""
     rep = replicated(mesh)
+    critic = None if state.critic is None else critic_shardings(state.critic, model_cfg, mesh)
     return TrainState(
         step=rep,
         params=param_shardings(model_cfg, mesh, state.params),
@@ -57,6 +78,7 @@ def state_shardings(state: TrainState, model_cfg: ModelConfig, mesh: Mesh) -> Tr
             None if state.ref_params is None else param_shardings(model_cfg, mesh, state.ref_params)
         ),
         rng=rep,
+        critic=critic,
     )
 
 

@@ -1,4 +1,4 @@
-"""The train state pytree and the optimizer (AdamW, warmup + cosine, global-norm clipping)."""
+"""The train state pytree and the optimizers (AdamW, warmup + cosine, global-norm clipping)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,33 @@ import jax.numpy as jnp
 import optax
 
 from rlvr_jax.model.transformer import Params
+from rlvr_jax.rl.value import CriticConfig, CriticParams
 
 Array = jax.Array
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
+class CriticState:
+    """PPO's value model and its optimizer (`rl.value`)."""
+
+    step: Array  # () int32: RL steps the critic has trained on (its warm-up counts them)
+    params: CriticParams
+    opt_state: optax.OptState
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class TrainState:
-    """Everything a step reads and replaces. `ref_params` is None when no KL term is used."""
+    """Everything a step reads and replaces. `ref_params` is None when no KL term is used,
+    `critic` when there is no value model."""
 
     step: Array  # () int32: optimizer updates applied so far
     params: Params
     opt_state: optax.OptState
     ref_params: Params | None
     rng: Array  # a PRNG key
+    critic: CriticState | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,11 +179,27 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     return f32_master_weights(inner) if cfg.master_weights else f32_moments(inner)
 
 
+def make_critic_optimizer(cfg: CriticConfig) -> optax.GradientTransformation:
+    """The critic's optimizer: Adam at a constant `cfg.learning_rate`, its own clipping."""
+    return make_optimizer(
+        OptimConfig(
+            learning_rate=cfg.learning_rate, schedule="constant", max_grad_norm=cfg.max_grad_norm
+        )
+    )
+
+
+def init_critic_state(params: CriticParams, cfg: CriticConfig) -> CriticState:
+    """A fresh critic state for `params` (`value.init_critic`)."""
+    opt_state = make_critic_optimizer(cfg).init(params)
+    return CriticState(jnp.zeros((), jnp.int32), params, opt_state)
+
+
 def init_train_state(
     params: Params,
     optimizer: optax.GradientTransformation,
     rng: Array,
     use_reference: bool,
+    critic: CriticState | None = None,
 ) -> TrainState:
     """A fresh state; the reference is a copy of the initial parameters when `use_reference`."""
     ref = jax.tree.map(jnp.copy, params) if use_reference else None
@@ -180,4 +209,5 @@ def init_train_state(
         opt_state=optimizer.init(params),
         ref_params=ref,
         rng=rng,
+        critic=critic,
     )

@@ -4,10 +4,16 @@
 makes `num_minibatches` optimizer updates, each from the gradients of `num_microbatches`
 microbatches summed. Every microbatch's loss uses its minibatch's normaliser, so the sum is the
 minibatch's gradient exactly (see `losses`), whatever the split.
+
+With a value model (PPO, `rl.critic`), each microbatch's loss is the policy loss plus
+`value_coef` times the value loss, differentiated with respect to the policy and the critic at
+once; the critic's optimizer steps beside the policy's, and during the critic's warm-up the
+policy's weights, optimizer state and update count are left as they were.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -19,10 +25,13 @@ from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.rl import losses
 from rlvr_jax.rl import rows as rows_lib
+from rlvr_jax.rl import state as state_lib
+from rlvr_jax.rl import value as value_lib
 from rlvr_jax.rl.config import RLConfig
 from rlvr_jax.rl.outputs import StepOutput, pass_metrics, rollout_metrics, row_results
 from rlvr_jax.rl.rows import TrainRows
-from rlvr_jax.rl.state import TrainState
+from rlvr_jax.rl.state import CriticState, TrainState
+from rlvr_jax.rl.value import CriticParams
 from rlvr_jax.types import Rollout
 
 Array = jax.Array
@@ -44,12 +53,24 @@ def _loss(
 ) -> tuple[Array, dict[str, Array]]:
     """The policy loss of some rows, normalised by `normalizer` (that of the batch they are
     part of), and its metrics; `grouped`: the rows are whole groups in order."""
-    logp_NT, entropy_NT = rows_lib.policy_logprobs(params, mb.seq, model_cfg, rl, grouped)
+    h_NTD = rows_lib.policy_hidden(params, mb.seq, model_cfg, rl, grouped)
+    return _policy_loss(params, h_NTD, mb, normalizer, model_cfg, rl)
+
+
+def _policy_loss(
+    params: Params,
+    h_NTD: Array,
+    mb: TrainRows,
+    normalizer: Array,
+    model_cfg: ModelConfig,
+    rl: RLConfig,
+) -> tuple[Array, dict[str, Array]]:
+    logp_NT, entropy_NT = rows_lib.hidden_logprobs(params, h_NTD, mb.seq, model_cfg, rl)
     old_logp_NT = jax.lax.stop_gradient(logp_NT) if mb.old_logp_NT is None else mb.old_logp_NT
     return losses.policy_loss(
         logp_NT,
         old_logp_NT,
-        mb.adv_N,
+        mb.advantages,
         mb.loss_mask_NT,
         rl.loss,
         normalizer=normalizer,
@@ -59,9 +80,43 @@ def _loss(
     )
 
 
+def _ppo_loss(
+    params: Params,
+    critic: CriticParams,
+    mb: TrainRows,
+    normalizer: Array,
+    value_normalizer: Array,
+    *,
+    model_cfg: ModelConfig,
+    rl: RLConfig,
+    grouped: bool,
+) -> tuple[Array, dict[str, Array]]:
+    """The policy loss plus `value_coef` x the value loss (normalised by the minibatch's token
+    count), with both terms' metrics: "loss/value" beside the policy's "loss/*"."""
+    h_NTD = rows_lib.policy_hidden(params, mb.seq, model_cfg, rl, grouped)
+    loss, metrics = _policy_loss(params, h_NTD, mb, normalizer, model_cfg, rl)
+    if critic.backbone is not None:
+        h_NTD = rows_lib.policy_hidden(critic.backbone, mb.seq, model_cfg, rl, grouped)
+    values_NT = value_lib.head_values(critic.head, h_NTD)
+    v_loss, v_metrics = value_lib.value_loss(
+        values_NT,
+        mb.old_values_NT,
+        mb.returns_NT,
+        mb.loss_mask_NT,
+        rl.critic.value_clip,
+        value_normalizer,
+    )
+    v_loss = rl.critic.value_coef * v_loss
+    metrics = {**metrics, **v_metrics, "loss/value": jax.lax.stop_gradient(v_loss)}
+    return loss + v_loss, metrics
+
+
 def _normalizer(rows: TrainRows, rl: RLConfig) -> Array:
     T = rows.loss_mask_NT.shape[1]
     return losses.loss_normalizer(rows.loss_mask_NT, rl.loss.aggregation, T)
+
+
+Carry = tuple[Params, optax.OptState, Array, CriticState | None]
 
 
 def optimizer_passes(
@@ -71,7 +126,7 @@ def optimizer_passes(
     model_cfg: ModelConfig,
     rl: RLConfig,
     optimizer: optax.GradientTransformation,
-) -> tuple[tuple[Params, optax.OptState, Array], dict[str, Array]]:
+) -> tuple[Carry, dict[str, Array]]:
     """`rl.mu x rl.num_minibatches` optimizer updates on the rows.
 
     Args:
@@ -83,32 +138,53 @@ def optimizer_passes(
       optimizer: the optax transformation.
 
     Returns:
-      (params, opt_state, step) after the updates, and the stacked metrics: the loss's, with
-      leaves (mu, num_minibatches, num_microbatches), and "grad_norm", "update_norm" with leaves
-      (mu, num_minibatches).
+      (params, opt_state, step, critic) after the updates (critic None without a value model),
+      and the stacked metrics: the loss's, with leaves (mu, num_minibatches, num_microbatches),
+      and "grad_norm", "update_norm" (and the critic's "value/grad_norm") with leaves (mu,
+      num_minibatches).
     """
     N = rows.adv_N.shape[0]
     grouped = rl.microbatches_hold_groups(N)
-    grad_fn = jax.grad(
-        functools.partial(_loss, model_cfg=model_cfg, rl=rl, grouped=grouped), has_aux=True
-    )
+    with_critic = state.critic is not None
+    if with_critic:
+        loss_fn = functools.partial(_ppo_loss, model_cfg=model_cfg, rl=rl, grouped=grouped)
+        grad_fn = jax.grad(loss_fn, argnums=(0, 1), has_aux=True)
+        critic_optimizer = state_lib.make_critic_optimizer(rl.critic)
+    else:
+        loss_fn = functools.partial(_loss, model_cfg=model_cfg, rl=rl, grouped=grouped)
+        grad_fn = jax.grad(loss_fn, has_aux=True)
 
-    def minibatch(carry, mb: TrainRows):
-        params, opt_state, step = carry
+    def minibatch(carry: Carry, mb: TrainRows):
+        params, opt_state, step, critic = carry
         normalizer = _normalizer(mb, rl)
+        if with_critic:
+            token_count = losses.loss_normalizer(mb.loss_mask_NT, "token_mean")
+            trainable = (params, critic.params)
+            grads_of = lambda micro: grad_fn(*trainable, micro, normalizer, token_count)  # noqa: E731
+        else:
+            trainable = params
+            grads_of = lambda micro: grad_fn(params, micro, normalizer)  # noqa: E731
 
         def accumulate(grads, micro: TrainRows):
-            g, metrics = grad_fn(params, micro, normalizer)
+            g, metrics = grads_of(micro)
             return jax.tree.map(jnp.add, grads, g), metrics
 
-        zeros = jax.tree.map(jnp.zeros_like, params)
+        zeros = jax.tree.map(jnp.zeros_like, trainable)
         grads, metrics = jax.lax.scan(accumulate, zeros, _split(mb, rl.microbatch_count()))
+        metrics = dict(metrics)
+        if with_critic:
+            grads, critic_grads = grads
+            critic_updates, critic_opt = critic_optimizer.update(
+                critic_grads, critic.opt_state, critic.params
+            )
+            new_critic = optax.apply_updates(critic.params, critic_updates)
+            critic = dataclasses.replace(critic, params=new_critic, opt_state=critic_opt)
+            metrics["value/grad_norm"] = optax.global_norm(critic_grads)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
-        metrics = dict(metrics)
         metrics["grad_norm"] = optax.global_norm(grads)
         metrics["update_norm"] = optax.global_norm(updates)
-        return (new_params, opt_state, step + 1), metrics
+        return (new_params, opt_state, step + 1, critic), metrics
 
     def one_pass(carry, pass_key):
         shuffled = rows  # one minibatch: nothing to shuffle across
@@ -116,8 +192,28 @@ def optimizer_passes(
             shuffled = jax.tree.map(lambda x: x[jax.random.permutation(pass_key, N)], rows)
         return jax.lax.scan(minibatch, carry, _split(shuffled, rl.num_minibatches))
 
-    carry = (state.params, state.opt_state, state.step)
-    return jax.lax.scan(one_pass, carry, jax.random.split(key, rl.mu))
+    carry = (state.params, state.opt_state, state.step, state.critic)
+    carry, stacked = jax.lax.scan(one_pass, carry, jax.random.split(key, rl.mu))
+    if with_critic:
+        carry = _critic_warmup(state, carry, rl)
+    return carry, stacked
+
+
+def _critic_warmup(state: TrainState, carry: Carry, rl: RLConfig) -> Carry:
+    """The passes' result, with the policy's part put back as it was while the critic warms up
+    (its first `rl.critic.warmup_steps` steps), and the critic's step counted."""
+    params, opt_state, step, critic = carry
+    critic = dataclasses.replace(critic, step=critic.step + 1)
+    if not rl.critic.warmup_steps:
+        return params, opt_state, step, critic
+    warming = state.critic.step < rl.critic.warmup_steps
+    keep = lambda old, new: jax.tree.map(lambda o, n: jnp.where(warming, o, n), old, new)  # noqa: E731
+    return (
+        keep(state.params, params),
+        keep(state.opt_state, opt_state),
+        keep(state.step, step),
+        critic,
+    )
 
 
 def group_grad_norms(
@@ -169,7 +265,7 @@ def update(
     rows, rewards_N, adv_stats = rows_lib.prepare_rows(
         state, rollout, rewards_N, parts, model_cfg, rl
     )
-    (params, opt_state, step), stacked = optimizer_passes(
+    (params, opt_state, step, critic), stacked = optimizer_passes(
         state, rows, pass_key, model_cfg, rl, optimizer
     )
     results = row_results(rollout, rewards_N, rows.adv_N, parts)
@@ -183,7 +279,14 @@ def update(
     if rl.group_grad_norms:
         metrics["groups/grad_norm"] = group_grad_norms(state.params, rows, model_cfg, rl)
         metrics["groups/success_rate"] = jnp.mean(results.correct_N.reshape(-1, rl.group_size), 1)
+    if critic is not None:
+        metrics["value/warmup"] = (state.critic.step < rl.critic.warmup_steps).astype(jnp.float32)
     new_state = TrainState(
-        step=step, params=params, opt_state=opt_state, ref_params=state.ref_params, rng=rng
+        step=step,
+        params=params,
+        opt_state=opt_state,
+        ref_params=state.ref_params,
+        rng=rng,
+        critic=critic,
     )
     return new_state, StepOutput(metrics, results)
