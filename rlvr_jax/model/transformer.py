@@ -78,9 +78,9 @@ class Params:
 class Int8Weight:
     """A frozen projection stored as int8 with one f32 scale per output channel (QLoRA-style).
 
-    `values * scale` is the weight; the layer multiplies the int8 matmul's output by `scale`,
-    which is exact for per-output-channel scales and never materialises the dequantised weight.
-    Built by `lora.quantize_int8`.
+    `values * scale` is the weight. The layer converts `values` to the compute dtype (exact: int8
+    fits bf16) and multiplies the matmul's output by `scale`, which equals scaling the weight
+    when the scales are per output channel. Built by `lora.quantize_int8`.
     """
 
     values: Array  # int8, the projection's shape, e.g. (L, D, H, Dh)

@@ -295,3 +295,17 @@ def test_config_is_hashable_and_lists_become_tuples():
     cfg = lora_lib.LoraConfig(rank=4, alpha=8, targets=["v", "q"])
     assert cfg.targets == ("v", "q") and cfg.scale == 2.0
     assert hash(cfg) == hash(lora_lib.LoraConfig(rank=4, alpha=8, targets=("v", "q")))
+
+
+def test_bfloat16_base_with_f32_adapters():
+    cfg = CFGS["qwen2"].replace(dtype="bfloat16", param_dtype="bfloat16")
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), _params(CFGS["qwen2"]))
+    lora = _trained(lora_lib.init_lora(jax.random.key(10), cfg, lora_lib.LoraConfig(rank=4)))
+    tokens, mask, positions = _batch()
+    loss = lambda ad: jnp.sum(tf.forward(params, tokens, positions, cfg, mask_BT=mask, lora=ad)[0])
+    grads = jax.jit(jax.grad(loss))(lora)
+    assert {x.dtype for x in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
+    assert all(bool(jnp.isfinite(x).all()) for x in jax.tree.leaves(grads))
+    # The bf16 model with adapters is near the f32 model with the same adapters.
+    f32 = _logits(_params(CFGS["qwen2"]), CFGS["qwen2"], lora)
+    assert np.abs(_logits(params, cfg, lora) - f32)[np.asarray(mask)].max() < 0.1
