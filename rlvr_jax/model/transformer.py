@@ -40,7 +40,11 @@ Attend = Callable[[Array, Array, Array], Array]
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Layers:
-    """Per-layer weights, stacked on a leading L axis. Optional fields are None when absent."""
+    """Per-layer weights, stacked on a leading L axis. Optional fields are None when absent.
+
+    The projections (q, k, v, o, gate, up, down) may be `Int8Weight`s: a frozen, quantised base
+    under LoRA adapters (`lora.quantize_int8`).
+    """
 
     attn_norm: Array  # (L, D)
     q: Array  # (L, D, H, Dh)
@@ -67,6 +71,48 @@ class Params:
     layers: Layers
     final_norm: Array  # (D,)
     lm_head: Array | None = None  # (D, V)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Int8Weight:
+    """A frozen projection stored as int8 with one f32 scale per output channel (QLoRA-style).
+
+    `values * scale` is the weight. The layer converts `values` to the compute dtype (exact: int8
+    fits bf16) and multiplies the matmul's output by `scale`, which equals scaling the weight
+    when the scales are per output channel. Built by `lora.quantize_int8`.
+    """
+
+    values: Array  # int8, the projection's shape, e.g. (L, D, H, Dh)
+    scale: Array  # f32, its output dims, e.g. (L, H, Dh)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LowRank:
+    """One projection's adapter, delta W = A @ B over the rank axis r (see `model/lora.py`)."""
+
+    a: Array  # (L, in..., r), e.g. (L, D, r) for q, (L, H, Dh, r) for o
+    b: Array  # (L, r, out...), e.g. (L, r, H, Dh) for q, (L, r, D) for o
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LoraParams:
+    """LoRA adapters of the layer projections, stacked on L like `Layers` and scanned with them.
+
+    A projection without an adapter is None. `scale` (alpha / rank) is static: it is part of the
+    tree's structure, not a leaf, so it gets no gradient and no optimizer state.
+    """
+
+    scale: float = dataclasses.field(metadata=dict(static=True))
+    q: LowRank | None = None
+    k: LowRank | None = None
+    v: LowRank | None = None
+    o: LowRank | None = None
+    gate: LowRank | None = None
+    up: LowRank | None = None
+    down: LowRank | None = None
 
 
 def param_shapes(cfg: ModelConfig) -> Params:
@@ -215,15 +261,48 @@ def attention(
     return out.reshape(B, T, H, Dh)
 
 
+def _project(
+    spec: str, x: Array, w: Array | Int8Weight, lora: LoraParams | None, name: str
+) -> Array:
+    """`einsum(spec, x, w)` in x's dtype, plus the scaled low-rank term of `lora.<name>`.
+
+    The adapter is applied unmerged, (x @ A) @ B: the backward pass then never forms a gradient
+    of the full weight (see `model/lora.py` for the measurement).
+    """
+    dt = x.dtype
+    if isinstance(w, Int8Weight):
+        y = jnp.einsum(spec, x, w.values.astype(dt)) * w.scale.astype(dt)
+    else:
+        y = jnp.einsum(spec, x, w.astype(dt))
+    adapter = None if lora is None else getattr(lora, name)
+    if adapter is None:
+        return y
+    # "btd,dhk->bthk" -> "btd,dr->btr" and "btr,rhk->bthk": r is a letter no spec uses.
+    ins, out = spec.split("->")
+    x_dims, w_dims = ins.split(",")
+    contracted = "".join(c for c in w_dims if c in x_dims)
+    kept = "".join(c for c in x_dims if c not in contracted)
+    xa = jnp.einsum(f"{x_dims},{contracted}r->{kept}r", x, adapter.a.astype(dt))
+    delta = jnp.einsum(f"{kept}r,r{w_dims[len(contracted) :]}->{out}", xa, adapter.b.astype(dt))
+    return y + delta * jnp.asarray(lora.scale, dt)
+
+
 def _qkv(
-    x_BTD: Array, w: Layers, rope: tuple[Array, Array], cfg: ModelConfig
+    x_BTD: Array,
+    w: Layers,
+    rope: tuple[Array, Array],
+    cfg: ModelConfig,
+    lora: LoraParams | None = None,
 ) -> tuple[Array, Array, Array]:
-    """Queries (B, T, H, Dh), keys and values (B, T, K, Dh) of a block's input, RoPE applied."""
+    """Queries (B, T, H, Dh), keys and values (B, T, K, Dh) of a block's input, RoPE applied.
+
+    `lora` holds this layer's adapters (one slice of the stacked `LoraParams`), or None.
+    """
     dt = x_BTD.dtype
     h = rms_norm(x_BTD, w.attn_norm, cfg.norm_eps)
-    q = jnp.einsum("btd,dhk->bthk", h, w.q.astype(dt))
-    k = jnp.einsum("btd,dhk->bthk", h, w.k.astype(dt))
-    v = jnp.einsum("btd,dhk->bthk", h, w.v.astype(dt))
+    q = _project("btd,dhk->bthk", h, w.q, lora, "q")
+    k = _project("btd,dhk->bthk", h, w.k, lora, "k")
+    v = _project("btd,dhk->bthk", h, w.v, lora, "v")
     if w.q_bias is not None:
         q, k, v = q + w.q_bias.astype(dt), k + w.k_bias.astype(dt), v + w.v_bias.astype(dt)
     if w.q_norm is not None:
@@ -232,14 +311,19 @@ def _qkv(
     return rotate(q, *rope), rotate(k, *rope), v
 
 
-def _out_and_mlp(x_BTD: Array, attn_BTHd: Array, w: Layers, cfg: ModelConfig) -> Array:
+def _out_and_mlp(
+    x_BTD: Array,
+    attn_BTHd: Array,
+    w: Layers,
+    cfg: ModelConfig,
+    lora: LoraParams | None = None,
+) -> Array:
     """The rest of a block after attention: output projection, residual, and the MLP."""
-    dt = x_BTD.dtype
-    x_BTD = x_BTD + jnp.einsum("bthk,hkd->btd", attn_BTHd, w.o.astype(dt))
+    x_BTD = x_BTD + _project("bthk,hkd->btd", attn_BTHd, w.o, lora, "o")
     h = rms_norm(x_BTD, w.mlp_norm, cfg.norm_eps)
-    gate = jnp.einsum("btd,df->btf", h, w.gate.astype(dt))
-    up = jnp.einsum("btd,df->btf", h, w.up.astype(dt))
-    return x_BTD + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w.down.astype(dt))
+    gate = _project("btd,df->btf", h, w.gate, lora, "gate")
+    up = _project("btd,df->btf", h, w.up, lora, "up")
+    return x_BTD + _project("btf,fd->btd", jax.nn.silu(gate) * up, w.down, lora, "down")
 
 
 def _self_attend(valid_BT: Array, cfg: ModelConfig) -> Attend:
@@ -261,11 +345,13 @@ def _layer(
     kv: tuple[Array, Array] | None,
     write_index: Array | None,
     cfg: ModelConfig,
+    lora: LoraParams | None = None,
 ) -> tuple[Array, tuple[Array, Array] | None]:
     """One pre-norm block. With `kv` (this layer's cache) the new keys are written at
-    `write_index` and `attend` reads the whole cache; otherwise it reads the new keys only."""
+    `write_index` and `attend` reads the whole cache; otherwise it reads the new keys only.
+    `lora`: this layer's adapters, or None."""
     dt = x_BTD.dtype
-    q, k, v = _qkv(x_BTD, w, rope, cfg)
+    q, k, v = _qkv(x_BTD, w, rope, cfg, lora)
     if kv is not None:
         # The cache is laid out (B, K, S, Dh), the decode layout (see kv_cache.py); XLA folds the
         # transposes of the read into the attention matmuls.
@@ -274,7 +360,7 @@ def _layer(
         put = lambda c, x: jax.lax.dynamic_update_slice(c, x.swapaxes(1, 2).astype(c.dtype), start)
         kv = (put(cache_k, k), put(cache_v, v))
         k, v = (c.swapaxes(1, 2).astype(dt) for c in kv)
-    return _out_and_mlp(x_BTD, attend(q, k, v), w, cfg), kv
+    return _out_and_mlp(x_BTD, attend(q, k, v), w, cfg, lora), kv
 
 
 def hidden_states(
@@ -284,6 +370,8 @@ def hidden_states(
     cfg: ModelConfig,
     cache: KVCache | None = None,
     mask_BT: Array | None = None,
+    *,
+    lora: LoraParams | None = None,
 ) -> tuple[Array, KVCache | None]:
     """Final-norm hidden states (B, T, D) in `cfg.dtype`, and the updated cache.
 
@@ -319,14 +407,14 @@ def hidden_states(
     rope = rope_tables(positions_BT, cfg, dt)
 
     def body(x, xs):
-        w, kv = xs
-        x, kv = _layer(sharding.constrain_rows(x), w, rope, attend, kv, write_index, cfg)
+        w, kv, ad = xs
+        x, kv = _layer(sharding.constrain_rows(x), w, rope, attend, kv, write_index, cfg, ad)
         return sharding.constrain_rows(x), kv
 
     if cfg.remat:
         body = jax.checkpoint(body, prevent_cse=False)
     kv_in = None if cache is None else (cache.k, cache.v)
-    x, kv_out = jax.lax.scan(body, x, (params.layers, kv_in))
+    x, kv_out = jax.lax.scan(body, x, (params.layers, kv_in, lora))
     x = rms_norm(x, params.final_norm, cfg.norm_eps)
     if cache is not None:
         cache = KVCache(k=kv_out[0], v=kv_out[1], mask=key_mask_BS, index=cache.index + T)
@@ -390,6 +478,8 @@ def grouped_hidden_states(
     completion_mask_NT: Array,
     completion_positions_NT: Array,
     cfg: ModelConfig,
+    *,
+    lora: LoraParams | None = None,
 ) -> tuple[Array, Array]:
     """`hidden_states` of B prompts and their N = B x G completions, each prompt run once.
 
@@ -420,19 +510,20 @@ def grouped_hidden_states(
     rope_p = rope_tables(prompt_positions_BP, cfg, dt)
     rope_c = rope_tables(completion_positions_NT, cfg, dt)
 
-    def body(carry, w):
+    def body(carry, xs):
+        w, ad = xs
         xp, xc = (sharding.constrain_rows(x) for x in carry)
-        qp, kp, vp = _qkv(xp, w, rope_p, cfg)
-        qc, kc, vc = _qkv(xc, w, rope_c, cfg)
+        qp, kp, vp = _qkv(xp, w, rope_p, cfg, ad)
+        qc, kc, vc = _qkv(xc, w, rope_c, cfg, ad)
         attn_p = attend_p(qp, kp, vp)
         attn_c = attend_c(qc, kp, vp, kc, vc)
-        xp, xc = _out_and_mlp(xp, attn_p, w, cfg), _out_and_mlp(xc, attn_c, w, cfg)
+        xp, xc = _out_and_mlp(xp, attn_p, w, cfg, ad), _out_and_mlp(xc, attn_c, w, cfg, ad)
         return (sharding.constrain_rows(xp), sharding.constrain_rows(xc)), None
 
     if cfg.remat:
         body = jax.checkpoint(body, prevent_cse=False)
     x = (params.embed[prompt_BP].astype(dt), params.embed[completion_NT].astype(dt))
-    (xp, xc), _ = jax.lax.scan(body, x, params.layers)
+    (xp, xc), _ = jax.lax.scan(body, x, (params.layers, lora))
     final = lambda x: rms_norm(x, params.final_norm, cfg.norm_eps)  # noqa: E731
     return final(xp), final(xc)
 
@@ -456,7 +547,9 @@ def forward(
     cfg: ModelConfig,
     cache: KVCache | None = None,
     mask_BT: Array | None = None,
+    *,
+    lora: LoraParams | None = None,
 ) -> tuple[Array, KVCache | None]:
     """Logits (B, T, V) in f32 and the updated cache; see `hidden_states` for the arguments."""
-    h, cache = hidden_states(params, tokens_BT, positions_BT, cfg, cache, mask_BT)
+    h, cache = hidden_states(params, tokens_BT, positions_BT, cfg, cache, mask_BT, lora=lora)
     return logits_from_hidden(params, h, cfg), cache
