@@ -52,9 +52,9 @@ ENV_VAR = "RLVR_JAX_WEIGHT_CACHE"
 FORMAT = 1
 COMPUTE_ONLY_FIELDS = ("dtype", "remat", "attention", "attention_block")
 _HEADER = "header.json"
-# What a damaged entry raises on the way in: file system, safetensors' own header and length
-# checks, JSON, and our key and checksum checks.
-_READ_ERRORS = (OSError, SafetensorError, ValueError, KeyError, TypeError)
+# What a damaged entry raises on the way in: the file system (OSError), JSON and our header,
+# offset, key and checksum checks (ValueError), a missing or unknown field (KeyError, TypeError).
+_READ_ERRORS = (OSError, ValueError, KeyError, TypeError)
 
 
 def cache_root() -> Path:
