@@ -10,7 +10,14 @@ process and a fresh workdir; the figures come from the metrics ledger's "startup
 evaluation before training included), seconds spent compiling, programs compiled and programs
 read back from the cache. A cold launch gets an empty cache directory; the warm launch after it
 reuses that directory. Cold and warm launches alternate, and the table gives medians and the
-cold / warm ratio.
+cold / warm ratio. The weight cache (`model/weight_cache.py`) follows the compile cache: a cold
+launch gets an empty one, the warm launch after it the one the cold launch filled.
+
+A first, smaller table times loading the embedded SmolLM2 model alone, each in a fresh process:
+imports, `load_tokenizer("embedded")`, then `load_model("embedded")` (weights on the device),
+with the weight cache off, cold (an empty cache directory, which the load fills) and warm.
+
+  python benchmarks/startup.py --configs= --load_repeats=5   # the loading table only
 """
 
 from __future__ import annotations
@@ -26,17 +33,75 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"tiny": "configs/tiny.py", "demo": "configs/demo.py"}
+LOAD_KINDS = ("off", "cold", "warm")
+# Run in a fresh interpreter: prints the seconds of each phase as one JSON line.
+_LOAD_SCRIPT = """
+import json, time
+t0 = time.perf_counter()
+import jax
+from rlvr_jax.data.tokenizer import load_tokenizer
+from rlvr_jax.model.loading import load_model
+t1 = time.perf_counter()
+load_tokenizer("embedded")
+t2 = time.perf_counter()
+jax.block_until_ready(load_model("embedded")[0])
+t3 = time.perf_counter()
+print(json.dumps({"imports": t1 - t0, "tokenizer": t2 - t1, "model": t3 - t2, "total": t3 - t0}))
+"""
 
 
-def launch(config: str, workdir: Path, cache: Path) -> dict:
+def _env(weights: Path | str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
+        "RLVR_JAX_WEIGHT_CACHE": str(weights),
+    }
+
+
+def load_launch(weights: Path | str) -> dict[str, float]:
+    """Seconds of each phase of loading the embedded model in a fresh process."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOAD_SCRIPT],
+        cwd=ROOT,
+        env=_env(weights),
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode:
+        raise RuntimeError(f"loading the embedded model failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def load_table(repeats: int) -> None:
+    """Off, cold and warm loads interleaved, `repeats` of each; prints the medians."""
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in LOAD_KINDS}
+    for i in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            for kind in LOAD_KINDS:
+                r = load_launch("none" if kind == "off" else Path(tmp) / "weights")
+                runs[kind].append(r)
+                print(f"load {kind} {i}: " + ", ".join(f"{k} {v:.2f} s" for k, v in r.items()))
+    print(f"\nloading the embedded model, medians of {repeats} fresh processes each way\n")
+    print("| weight cache | imports s | tokenizer s | model s | total s | off / this |")
+    print("|---|---:|---:|---:|---:|---:|")
+    off = statistics.median(r["total"] for r in runs["off"])
+    for kind, rs in runs.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        print(
+            f"| {kind} | {med['imports']:.2f} | {med['tokenizer']:.2f} | {med['model']:.2f} | "
+            f"{med['total']:.2f} | {off / med['total']:.2f}x |"
+        )
+    print()
+
+
+def launch(config: str, workdir: Path, cache: Path, weights: Path) -> dict:
     """One launch; its startup record."""
     cmd = [
         sys.executable, "-m", "rlvr_jax.main", f"--config={config}", f"--workdir={workdir}",
         f"--compile_cache={cache}", "--config.train.steps=1",
         "--config.train.use_tensorboard=False",
     ]  # fmt: skip
-    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(weights), capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
     records = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -47,15 +112,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="tiny,demo", help=f"of {sorted(CONFIGS)}")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--load_repeats", type=int, default=3, help="0 skips the loading table")
     args = ap.parse_args()
+    if args.load_repeats:
+        load_table(args.load_repeats)
     rows = []
-    for name in args.configs.split(","):
+    for name in filter(None, args.configs.split(",")):
         runs = {"cold": [], "warm": []}
         for i in range(args.repeats):
             with tempfile.TemporaryDirectory() as tmp:
                 cache = Path(tmp) / "cache"
                 for kind in ("cold", "warm"):
-                    r = launch(CONFIGS[name], Path(tmp) / f"{kind}{i}", cache)
+                    r = launch(CONFIGS[name], Path(tmp) / f"{kind}{i}", cache, Path(tmp) / "w")
                     runs[kind].append(r)
                     print(
                         f"{name} {kind} {i}: first step after {r['startup/seconds']:.1f} s, "
@@ -77,6 +145,8 @@ def main() -> None:
             for kind, rs in runs.items()
         }
         rows.append((name, med))
+    if not rows:
+        return
     print(f"\nmedians of {args.repeats} launches each way\n")
     print(
         "| config | cold: first step s | cold: compile s | warm: first step s | "

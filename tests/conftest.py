@@ -5,6 +5,8 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Tests never write converted weights into the user's cache; test_weight_cache uses tmp dirs.
+os.environ.setdefault("RLVR_JAX_WEIGHT_CACHE", "none")
 
 import jax  # noqa: E402
 

@@ -23,6 +23,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from rlvr_jax.model import weight_cache
 from rlvr_jax.model.config import ModelConfig, RopeScaling
 from rlvr_jax.model.hf import CheckpointError, hf_tensor_shapes, params_from_hf_tensors
 from rlvr_jax.model.transformer import Params, inv_frequencies
@@ -114,7 +115,8 @@ def _file_key(path: str | os.PathLike) -> tuple[str, int, int]:
 
 
 # The reader parses every metadata field when it opens a file (about 5 s for the embedded
-# model's 49k-token vocabulary); the tokenizer and the weights of one file share it.
+# model's 49k-token vocabulary); the tokenizer and the weights of one file share it, and with
+# the weight cache on, a later launch does not open the file at all.
 @functools.lru_cache(maxsize=2)
 def _open_key(key: tuple[str, int, int]) -> gguf.GGUFReader:
     path = Path(key[0])
@@ -124,21 +126,44 @@ def _open_key(key: tuple[str, int, int]) -> gguf.GGUFReader:
         raise CheckpointError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
 
 
+def _read_header(reader: gguf.GGUFReader) -> dict[str, Any]:
+    """What loading needs besides the big tensors, as JSON values: the metadata (header fields
+    excluded), the tensor names and the small `rope_freqs` tensor (or None)."""
+    rope_freqs = None
+    for t in reader.tensors:
+        if t.name == _ROPE_FREQS:
+            rope_freqs = gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1).tolist()
+    return {
+        "metadata": {
+            k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")
+        },
+        "tensors": [t.name for t in reader.tensors],
+        "rope_freqs": rope_freqs,
+    }
+
+
 @functools.lru_cache(maxsize=2)
-def _metadata_key(key: tuple[str, int, int]) -> dict[str, Any]:
-    reader = _open_key(key)
-    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+def _header_key(key: tuple[str, int, int], cache: Path | None) -> dict[str, Any]:
+    if cache is None:
+        return _read_header(_open_key(key))
+    digest = weight_cache.file_digest(key[0])
+    header = weight_cache.read_header(cache, digest)
+    if header is None:
+        header = _read_header(_open_key(key))
+        weight_cache.write_header(cache, digest, header)
+    return header
 
 
-def _open(path: str | os.PathLike) -> gguf.GGUFReader:
-    return _open_key(_file_key(path))
+def _header(path: str | os.PathLike) -> dict[str, Any]:
+    return _header_key(_file_key(path), weight_cache.cache_dir())
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """All metadata of a GGUF file as Python values (str, int, float, bool or list; header
-    excluded), e.g. `tokenizer.ggml.tokens` as a list. Read once per process and file: the
-    dict is a copy, its lists are shared."""
-    return dict(_metadata_key(_file_key(path)))
+    excluded), e.g. `tokenizer.ggml.tokens` as a list. Read once per process and file, from the
+    weight cache when it holds the file (`weight_cache`): the dict is a copy, its lists are
+    shared."""
+    return dict(_header(path)["metadata"])
 
 
 def _rope_scaling_from_factors(
@@ -270,6 +295,10 @@ def config_from_metadata(
 def load_gguf(path: str | os.PathLike, **overrides: Any) -> tuple[Params, ModelConfig]:
     """Loads a llama-architecture GGUF file, dequantizing every tensor to f32 on the host.
 
+    The converted parameters are kept in the weight cache (`weight_cache`; `$RLVR_JAX_WEIGHT_CACHE`
+    names its directory, "none" turns it off), keyed by the file's bytes and the overrides that
+    change them, and read from there by the next load.
+
     Args:
       path: the .gguf file.
       **overrides: `ModelConfig` fields to set (dtype, param_dtype, remat).
@@ -282,14 +311,29 @@ def load_gguf(path: str | os.PathLike, **overrides: Any) -> tuple[Params, ModelC
         llama decoder does not use.
     """
     source = str(path)
-    reader = _open(path)
-    tensors = {t.name: t for t in reader.tensors}
-    rope_freqs = None
-    if _ROPE_FREQS in tensors:
-        t = tensors.pop(_ROPE_FREQS)
-        rope_freqs = gguf.quants.dequantize(t.data, t.tensor_type)
-    cfg = config_from_metadata(read_metadata(path), tensors, rope_freqs, source, **overrides)
+    key = _file_key(path)
+    cache = weight_cache.cache_dir()
+    header = _header_key(key, cache)
+    rope_freqs = header["rope_freqs"]
+    if rope_freqs is not None:
+        rope_freqs = np.asarray(rope_freqs, np.float32)
+    cfg = config_from_metadata(
+        header["metadata"], header["tensors"], rope_freqs, source, **overrides
+    )
+    if cache is None:
+        return _convert(_open_key(key), cfg, source), cfg
+    digest = weight_cache.file_digest(path)
+    entry = weight_cache.params_key(digest, cfg)
+    params = weight_cache.read_params(cache, digest, entry, cfg.param_dtype)
+    if params is None:
+        params = _convert(_open_key(key), cfg, source)
+        weight_cache.write_params(cache, digest, entry, params)
+    return params, cfg
 
+
+def _convert(reader: gguf.GGUFReader, cfg: ModelConfig, source: str) -> Params:
+    """Checks the file's tensors against `cfg`, then dequantizes and converts them."""
+    tensors = {t.name: t for t in reader.tensors if t.name != _ROPE_FREQS}
     # Names and shapes are checked here, before any dequantization, so errors name GGUF tensors;
     # `params_from_hf_tensors` repeats the checks on the Hugging Face names.
     expected = {hf_to_gguf_name(n): shape for n, shape in hf_tensor_shapes(cfg).items()}
@@ -329,8 +373,7 @@ def load_gguf(path: str | os.PathLike, **overrides: Any) -> tuple[Params, ModelC
             w = unpermute_qk(w, cfg.num_kv_heads)
         return w
 
-    params = params_from_hf_tensors(get, by_hf, cfg, source=source)
-    return params, cfg
+    return params_from_hf_tensors(get, by_hf, cfg, source=source)
 
 
 def embedded_model_path() -> Path:

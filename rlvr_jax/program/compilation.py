@@ -26,6 +26,8 @@ from pathlib import Path
 
 import jax
 
+from rlvr_jax.model import weight_cache
+
 MIN_COMPILE_SECONDS = 1.0
 CACHE_FLAG_HELP = (
     "Directory of JAX's persistent compilation cache (default: ~/.cache/rlvr_jax/jax, or under "
@@ -39,9 +41,8 @@ _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
 
 def default_cache_dir() -> Path:
-    """`$XDG_CACHE_HOME/rlvr_jax/jax` (or `~/.cache/rlvr_jax/jax`)."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "rlvr_jax" / "jax"
+    """`$XDG_CACHE_HOME/rlvr_jax/jax` (or `~/.cache/rlvr_jax/jax`), beside the weight cache."""
+    return weight_cache.cache_root() / "jax"
 
 
 def enable_cache(directory: str | os.PathLike | None) -> Path | None:
