@@ -69,6 +69,28 @@ class StepResult:
     tool_errors: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class ToolResponseFormat:
+    """How an observation becomes context: `prefix + observation + suffix`, encoded.
+
+    The default is Qwen2.5's and Qwen3's chat template for a tool message after an assistant
+    turn that ended with `</tool_call>`: the assistant turn is closed, the tool's output goes in
+    a user turn inside `<tool_response>` tags, and a new assistant turn opens:
+
+        <|im_end|>\\n<|im_start|>user\\n<tool_response>\\n{observation}\\n</tool_response>
+        <|im_end|>\\n<|im_start|>assistant\\n
+
+    (one string; the line break inside it is for this page only).
+    """
+
+    prefix: str = "<|im_end|>\n<|im_start|>user\n<tool_response>\n"
+    suffix: str = "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+    def wrap(self, observation: str) -> str:
+        """The text appended after a tool call."""
+        return self.prefix + observation + self.suffix
+
+
 class Environment(abc.ABC):
     """One episode of a multi-turn task; subclasses hold its state."""
 

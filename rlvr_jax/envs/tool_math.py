@@ -9,18 +9,26 @@ extraction rules). Parts: "correct", "tool_calls", "tool_errors" (a malformed ca
 tool, a program that exits non-zero or is killed).
 
 The verifier is `verify(answer_text, gold) -> float`, by default `rewards.math.score` in this
-process: sympy parses model text there, so a trainer passes a call into its verifier pool.
+process: sympy parses model text there, so the training task (`MathToolTask`, the RL stage's
+`reward.verifier="math_tool"`) scores final answers in its verifier pool instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
 
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
-from rlvr_jax.envs.environment import ToolCallError, ToolEnvironment
+from rlvr_jax.envs.environment import TOOL_CALL_CLOSE, ToolCallError, ToolEnvironment
+from rlvr_jax.envs.task import MultiTurnTask
 from rlvr_jax.rewards import math as math_reward
 from rlvr_jax.rewards import sandbox
+from rlvr_jax.rewards.config import RewardSettings
+from rlvr_jax.rewards.pool import VerifierPool
+from rlvr_jax.types import Rollout
 
 # Qwen2.5's tool description, in the system message (what its chat template writes for `tools`).
 SYSTEM = (
@@ -67,17 +75,19 @@ class MathToolEnv(ToolEnvironment):
         verify: Callable[[str, str], float] = math_reward.score,
         limits: sandbox.SandboxLimits = LIMITS,
         max_output_chars: int = 1024,
+        system: str = SYSTEM,
     ):
         super().__init__()
         self.tok = tok
         self.verify = verify
+        self.system = system
         self.tools = {
             "python": lambda code: run_python(code, limits, max_output_chars),
         }
 
     def prompt(self, example: Example) -> str:
         messages = [
-            {"role": "system", "content": SYSTEM},
+            {"role": "system", "content": self.system},
             {"role": "user", "content": example.prompt_text},
         ]
         return self.tok.apply_chat_template(messages, add_generation_prompt=True)
@@ -85,3 +95,56 @@ class MathToolEnv(ToolEnvironment):
     def answer_parts(self, text: str) -> dict[str, float]:
         assert self.example is not None, "reset() starts the episode"
         return {"correct": float(self.verify(text, self.example.answer))}
+
+
+class MathToolTask(MultiTurnTask):
+    """`reward.verifier="math_tool"`: episodes of `MathToolEnv`, the final answer (the model's
+    tokens after the last observation) checked for equivalence in the verifier pool.
+
+    Parts: "correct"; with the tool counts of each episode as `rl.multiturn` reports them in
+    the step's metrics ("episode/..."), not as rewards.
+    """
+
+    name = "math_tool"
+
+    def __init__(self, tok: Tokenizer, reward: RewardSettings, system: str = SYSTEM):
+        self.tok = tok
+        self.system = system
+        self.max_turns = reward.max_turns
+        self.turn_tokens = reward.turn_tokens
+        self.tool_workers = reward.tool_workers
+        self.stop_sequences = (tuple(tok.encode(TOOL_CALL_CLOSE)),)
+        self.pool = VerifierPool(
+            math_reward.score,
+            num_workers=reward.workers,
+            deadline_s=reward.deadline_s,
+            warmup=math_reward.WARMUP,
+        )
+
+    def environment(self) -> MathToolEnv:
+        # The final answer is scored in `score`, in the pool, not in the tool threads.
+        return MathToolEnv(self.tok, verify=lambda text, gold: 0.0, system=self.system)
+
+    def final_answers(self, rollout: Rollout) -> list[str]:
+        """Each row's last model turn: its tokens after the last observation."""
+        tokens_NT, injected_NT, lengths_N = jax.device_get(
+            (rollout.tokens_NT, rollout.injected_NT, rollout.lengths_N)
+        )
+        out = []
+        for n in range(tokens_NT.shape[0]):
+            L = int(lengths_N[n])
+            observed = np.flatnonzero(injected_NT[n, :L])
+            start = int(observed[-1]) + 1 if observed.size else 0
+            out.append(self.tok.decode(tokens_NT[n, start:L], skip_special_tokens=True))
+        return out
+
+    def score(self, rollout: Rollout, examples_N: Sequence[Example]) -> dict[str, np.ndarray]:
+        texts = self.final_answers(rollout)
+        items = [(t, ex.answer) for t, ex in zip(texts, examples_N, strict=True)]
+        return {"correct": np.asarray(self.pool.map(items), np.float32)}
+
+    def stats(self) -> dict[str, float]:
+        return self.pool.stats.as_dict()
+
+    def close(self) -> None:
+        self.pool.close()

@@ -42,15 +42,20 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax import sampling
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
-from rlvr_jax.envs.environment import Environment, StepResult
-from rlvr_jax.model import transformer
+from rlvr_jax.envs.environment import Environment, StepResult, ToolResponseFormat
+from rlvr_jax.envs.task import MultiTurnTask
+from rlvr_jax.model import sharding, transformer
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.rl import partial as partial_lib
+from rlvr_jax.rl import sharding_plan
+from rlvr_jax.rl import train_step as ts
+from rlvr_jax.rl.config import RLConfig
 from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, Rollout
 
 # decode(contexts) -> a Rollout of len(contexts) rows, at most K new tokens each.
@@ -58,28 +63,6 @@ DecodeFn = Callable[[list[list[int]]], Rollout]
 
 TRUNCATIONS = ("none", "tokens", "turns", "time")
 NOT_TRUNCATED, TRUNC_TOKENS, TRUNC_TURNS, TRUNC_TIME = range(4)
-
-
-@dataclasses.dataclass(frozen=True)
-class ToolResponseFormat:
-    """How an observation becomes context: `prefix + observation + suffix`, encoded.
-
-    The default is Qwen2.5's and Qwen3's chat template for a tool message after an assistant
-    turn that ended with `</tool_call>`: the assistant turn is closed, the tool's output goes in
-    a user turn inside `<tool_response>` tags, and a new assistant turn opens:
-
-        <|im_end|>\\n<|im_start|>user\\n<tool_response>\\n{observation}\\n</tool_response>
-        <|im_end|>\\n<|im_start|>assistant\\n
-
-    (one string; the line break inside it is for this page only).
-    """
-
-    prefix: str = "<|im_end|>\n<|im_start|>user\n<tool_response>\n"
-    suffix: str = "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-
-    def wrap(self, observation: str) -> str:
-        """The text appended after a tool call."""
-        return self.prefix + observation + self.suffix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,7 +260,13 @@ def run_episodes(
     for b in range(B):
         if len(set(prompts[b * G : (b + 1) * G])) != 1:
             raise ValueError(f"the {G} environments of example {b} gave different prompts")
-        groups.append(partial_lib.new_group(b, tok.encode(prompts[b * G]), G, T, pad_id))
+        ids = tok.encode(prompts[b * G])
+        if len(ids) > max(buckets):
+            raise ValueError(
+                f"the environment's prompt for example {examples_B[b].id!r} has {len(ids)} "
+                f"tokens, more than the largest prompt bucket {max(buckets)}"
+            )
+        groups.append(partial_lib.new_group(b, ids, G, T, pad_id))
     rows = [_Row(env, groups[n // G], n % G) for n, env in enumerate(envs_N)]
     stats = EpisodeStats(*(np.zeros(N) for _ in range(6)), parts={})
     deadline = time.perf_counter() + cfg.time_budget_s
@@ -375,3 +364,57 @@ def sampler_decode(
         return sampling.sample(params, prompt_NP, lengths_N, key, model_cfg, cfg, sp)
 
     return decode
+
+
+# (params, B examples, rng) -> (rollout of B x G episodes, "episode/..." metrics)
+EpisodesFn = Callable[[transformer.Params, Sequence[Example], jax.Array], tuple[Rollout, dict]]
+
+
+def build_episodes(
+    model_cfg: ModelConfig,
+    rl: RLConfig,
+    plan: sharding_plan.StepShardings,
+    task: MultiTurnTask,
+    buckets: Sequence[int],
+    pad_id: int,
+) -> EpisodesFn:
+    """The RL step's multi-turn rollout: G episodes of each example, rounds decoded by the
+    host-verifier path's jitted rollout (`train_step.build_rollout`, jitted here once) with
+    `task.turn_tokens` tokens a round and the task's tool-call stops added to the sampler's.
+
+    The rollout has the plain step's shapes (T = `rl.sampler.max_new_tokens`, prompts in
+    `buckets`), so the update compiles once for either.
+    """
+    G, T = rl.group_size, rl.sampler.max_new_tokens
+    K = min(task.turn_tokens or T, T)
+    sampler = dataclasses.replace(
+        rl.sampler,
+        max_new_tokens=K,
+        prompt_group=1,
+        stop_sequences=(*rl.sampler.stop_sequences, *task.stop_sequences),
+    )
+    segment_rl = dataclasses.replace(rl, sampler=sampler, shared_prompt_forward=False)
+    segment_fn = ts.build_rollout(model_cfg, segment_rl, plan)
+    # Contexts grow by up to T tokens past the prompt.
+    context_buckets = (*buckets, max(buckets) + T)
+    cfg = EpisodeConfig(
+        max_new_tokens=T,
+        max_turns=task.max_turns,
+        tool_workers=task.tool_workers,
+        response_format=task.response_format,
+    )
+
+    def episodes(params, examples_B, rng):
+        rounds = itertools.count()
+
+        def decode(contexts):
+            prompt_NP, lengths_N = sampling.bucket_and_pad(contexts, context_buckets, pad_id)
+            batch = ts.Batch(jnp.asarray(prompt_NP), jnp.asarray(lengths_N))
+            key = jax.random.fold_in(rng, next(rounds))
+            return segment_fn(params, sharding.place(batch, plan.rows), key)
+
+        envs = [task.environment() for _ in range(len(examples_B) * G)]
+        rollout, stats = run_episodes(decode, envs, examples_B, task.tok, cfg, buckets, pad_id)
+        return rollout, stats.metrics()
+
+    return episodes

@@ -17,7 +17,7 @@ import pytest
 from rlvr_jax import sampling
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
-from rlvr_jax.envs.environment import StepResult, ToolEnvironment
+from rlvr_jax.envs.environment import StepResult, ToolEnvironment, ToolResponseFormat
 from rlvr_jax.model import hf
 from rlvr_jax.rl import multiturn as mt
 from rlvr_jax.rl.config import RLConfig
@@ -26,7 +26,7 @@ from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, Rollout
 from tests.model.hf_fixtures import make_tiny_hf
 from tests.sampling.fixtures import teacher_forced_logp
 
-FMT = mt.ToolResponseFormat()
+FMT = ToolResponseFormat()
 OBSERVATION = re.compile(re.escape(FMT.prefix) + ".*?" + re.escape(FMT.suffix), re.DOTALL)
 EXAMPLE = Example("t/0", "What is 3+4?", "7", "test")
 
