@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import string
 
+import numpy as np
 import pytest
 
 from rlvr_jax.data.example import Example
@@ -13,6 +14,8 @@ from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs import tool_math
 from rlvr_jax.envs.environment import ToolCall, ToolCallError, parse_tool_call
 from rlvr_jax.rewards import sandbox
+from rlvr_jax.rewards.config import RewardSettings
+from rlvr_jax.types import Rollout
 
 GOOD = '{"name": "python", "arguments": {"code": "print(1)"}}'
 
@@ -111,3 +114,41 @@ def test_a_runaway_program_is_killed_and_counted(env):
     r = env.step(_call(5))
     assert r.tool_errors == 1 and '"code" must be a string' in r.observation
     assert env.truncate() == {"correct": 0.0, "tool_calls": 1.0, "tool_errors": 1.0}
+
+
+def test_the_task_scores_the_last_turn_only():
+    """A tool's output that holds the gold answer earns nothing: only the model's tokens after
+    the last observation are its final answer."""
+    tok = Tokenizer.from_characters(string.printable, chat_template=QWEN_STYLE)
+    with tool_math.MathToolTask(tok, RewardSettings(verifier="math_tool", workers=1)) as task:
+        assert task.stop_sequences == (tuple(tok.encode("</tool_call>")),)
+        assert isinstance(task.environment(), tool_math.MathToolEnv)
+        rows = [  # (model turn, observation, final turn)
+            ("call", "\\boxed{7}", "no idea"),
+            ("call", "6", "so \\boxed{7}"),
+            ("\\boxed{7}", "", ""),  # single turn: the whole response
+        ]
+        T = 40
+        tokens = np.zeros((3, T), np.int32)
+        injected = np.zeros((3, T), bool)
+        lengths = np.zeros(3, np.int32)
+        for n, (turn, obs, final) in enumerate(rows):
+            ids = tok.encode(turn) + tok.encode(obs) + tok.encode(final)
+            tokens[n, : len(ids)] = ids
+            a = len(tok.encode(turn))
+            injected[n, a : a + len(tok.encode(obs))] = True
+            lengths[n] = len(ids)
+        mask = np.arange(T)[None] < lengths[:, None]
+        rollout = Rollout(
+            *(np.zeros((3, 1), np.int32), np.ones(3, np.int32)),
+            tokens,
+            np.zeros((3, T), np.float32),
+            mask,
+            injected,
+            lengths,
+            np.ones(3, np.int32),
+        )
+        assert task.final_answers(rollout) == ["no idea", "so \\boxed{7}", "\\boxed{7}"]
+        ex = Example("m/0", "q", "7", "test")
+        parts = task.score(rollout, [ex] * 3)
+    assert parts["correct"].tolist() == [0.0, 1.0, 1.0]
