@@ -7,7 +7,8 @@
 * `CountdownTask`: an arithmetic expression over the given numbers, parsed without eval
   (`rewards.countdown`), in the pool.
 
-`build_task` picks one from `RewardSettings.verifier`.
+`build_task` picks one from `RewardSettings.verifier` (the multi-turn "math_tool" included:
+`envs.tool_math`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.task import JaxParts, Task
+from rlvr_jax.envs.tool_math import MathToolTask
 from rlvr_jax.rewards import arithmetic, countdown
 from rlvr_jax.rewards import math as math_reward
 from rlvr_jax.rewards.config import RewardSettings
@@ -165,4 +167,6 @@ def build_task(
         return MathTask(tok, reward, think_in_prompt)
     if reward.verifier == "countdown":
         return CountdownTask(tok, reward, think_in_prompt)
+    if reward.verifier == "math_tool":
+        return MathToolTask(tok, reward)
     return ArithmeticTask.build(tok, vocab_size, examples)

@@ -7,10 +7,10 @@ the tokens also offers it (`Task.jax_parts`), and then the RL step fuses rollout
 into one XLA program. Shaping (format weight, Kimi's length reward, DAPO's overlong penalty) is
 the same for every task: `shape_rewards` over the parts, jittable.
 
-Multi-turn environments fit the same interface: their rollout alternates sampled tokens with
-observation tokens (a loss mask keeps the observations out of the loss), and `score` is the
-episode's final verifier over the whole trajectory; `Task.max_turns` is 1 for the single-turn
-tasks here.
+Multi-turn environments fit the same interface (`MultiTurnTask`): their rollout alternates
+sampled tokens with observation tokens (marked injected, so the loss leaves them out), made by
+`rl.multiturn` from one `Environment` per row, and `score` is the episode's final verifier over
+the whole trajectory; `Task.max_turns` is 1 for the single-turn tasks.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax.data.example import Example
+from rlvr_jax.data.tokenizer import Tokenizer
+from rlvr_jax.envs.environment import Environment, ToolResponseFormat
 from rlvr_jax.rewards import shaping
 from rlvr_jax.rewards.config import RewardSettings
 from rlvr_jax.types import Rollout
@@ -75,6 +77,32 @@ class Task(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class MultiTurnTask(Task):
+    """A task whose episodes run over several turns with an environment (tools).
+
+    The RL step makes its rollouts with `rl.multiturn.run_episodes` (one `environment()` per
+    row) instead of one decode; `score` then reads the rollout it made (and, in evaluation, a
+    single-turn rollout: the tools do not run there).
+
+    Attributes:
+      tok: encodes prompts and observations, decodes turns.
+      stop_sequences: token sequences that end a tool call (the sampler stops the row there).
+      turn_tokens: tokens per decode round; 0 for the whole generation length.
+      tool_workers: threads that run the environments' steps.
+      response_format: how observations are wrapped (the chat template's tool turn).
+    """
+
+    tok: Tokenizer
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+    turn_tokens: int = 0
+    tool_workers: int = 8
+    response_format: ToolResponseFormat = ToolResponseFormat()
+
+    @abc.abstractmethod
+    def environment(self) -> Environment:
+        """A fresh episode (its `reset` takes the example)."""
 
 
 def shape_rewards(

@@ -9,6 +9,8 @@ on the task, not on the loop:
 * a host verifier (the pool): jitted rollout -> `Task.score` on the host -> jitted update;
 * DAPO dynamic sampling: rounds of the latter until the batch holds B groups with reward
   variance (`rl.dynamic_sampling`);
+* a multi-turn task (`MultiTurnTask`, tools): the rollout is `rl.multiturn`'s episodes, then the
+  host path's verification and update;
 * Kimi k1.5 partial rollouts: rounds of at most `rl.partial_budget` tokens per row until B
   groups have ended (`rl.partial`); the rows still running are kept in the data state, and so in
   the checkpoint.
@@ -32,7 +34,7 @@ from rlvr_jax.data import curriculum as curriculum_lib
 from rlvr_jax.data import templates
 from rlvr_jax.data.example import Example
 from rlvr_jax.envs.single_turn import build_task
-from rlvr_jax.envs.task import Task, host_rewards, jax_reward_fn
+from rlvr_jax.envs.task import MultiTurnTask, Task, host_rewards, jax_reward_fn
 from rlvr_jax.model import sharding
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.program import build
@@ -40,7 +42,7 @@ from rlvr_jax.program import metrics as metrics_lib
 from rlvr_jax.program.evaluation import heldout_evaluator
 from rlvr_jax.program.run import Stage, run_stage
 from rlvr_jax.program.settings import Settings
-from rlvr_jax.rl import dynamic_sampling, sharding_plan
+from rlvr_jax.rl import dynamic_sampling, multiturn, sharding_plan
 from rlvr_jax.rl import memory as memory_lib
 from rlvr_jax.rl import partial as partial_lib
 from rlvr_jax.rl import state as state_lib
@@ -121,6 +123,12 @@ def build_rl_step(
     else:
         rollout_fn = ts.build_rollout(model_cfg, s.rl, plan)
         update_fn = ts.build_update(model_cfg, s.rl, optimizer, schedule, plan)
+    # A multi-turn task's rollout: episodes with its environment (rl.multiturn).
+    episodes, episode_metrics = None, {}
+    if isinstance(task, MultiTurnTask):
+        if s.rl.partial_budget:
+            raise ConfigError(f"reward.verifier={task.name!r} runs episodes; rl.partial_budget=0")
+        episodes = multiturn.build_episodes(model_cfg, s.rl, plan, task, s.data.buckets, pad_id)
     timer = metrics_lib.StageTimer()
 
     def select(sampler_state):
@@ -135,7 +143,11 @@ def build_rl_step(
     def rollout_round(state, chosen, batch) -> tuple[TrainState, dynamic_sampling.Round]:
         with timer.stage("rollout"):
             state, key = ts.split_rollout_key(state)
-            rollout = jax.block_until_ready(rollout_fn(state.params, batch, key))
+            if episodes is None:
+                rollout = jax.block_until_ready(rollout_fn(state.params, batch, key))
+            else:
+                rollout, m = episodes(state.params, chosen, key)
+                episode_metrics.update(m)
         with timer.stage("verification"):
             rows = [ex for ex in chosen for _ in range(G)]
             rewards, parts = host_rewards(task, rollout, rows, s.reward, G)
@@ -187,7 +199,7 @@ def build_rl_step(
     def step(state, data_state):
         with timer.stage("step"):
             state, data_state, out, extra, attempts = run_batch(state, data_state)
-            metrics = {**out.metrics, **extra, **task.stats()}
+            metrics = {**out.metrics, **extra, **task.stats(), **episode_metrics}
         sampler_state = data_state.inner if s.rl.partial_budget else data_state
         for examples, success_BG in attempts:
             sampler_state = sampler.update(
