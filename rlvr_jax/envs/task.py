@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax.data.example import Example
+from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.rewards import shaping
 from rlvr_jax.rewards.config import RewardSettings
 from rlvr_jax.types import Rollout
@@ -75,6 +76,15 @@ class Task(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def response_texts(tok: Tokenizer, rollout: Rollout) -> list[str]:
+    """The decoded responses of a rollout (special tokens dropped), for host verifiers."""
+    tokens_NT, lengths_N = jax.device_get((rollout.tokens_NT, rollout.lengths_N))
+    return [
+        tok.decode(tokens_NT[i, : lengths_N[i]], skip_special_tokens=True)
+        for i in range(tokens_NT.shape[0])
+    ]
 
 
 def shape_rewards(

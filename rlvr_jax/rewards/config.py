@@ -10,19 +10,21 @@ from typing import Literal
 class RewardSettings:
     """Attributes:
     verifier: "arithmetic" (in JAX over tokens: the whole step is one program), "math"
-      (answer extraction and equivalence on text, in a process pool with deadlines) or
+      (answer extraction and equivalence on text, in a process pool with deadlines),
       "countdown" (an arithmetic expression over the given numbers, parsed without eval, in
-      the pool).
+      the pool) or "code_tests" (a program run against the problem's hidden unit tests in the
+      code sandbox; `data.name="humaneval"`).
     format: "number" (arithmetic: a number, then an end token), "r1" (the R1 think/answer
       template), or "none".
     format_weight: weight of the format part; correctness always has weight 1.
     length_weight: weight of the Kimi k1.5 group-relative length reward (0 disables).
     overlong_cache: DAPO soft overlong penalty ramp width in tokens (0 disables).
-    workers: host verifier processes.
-    deadline_s: per-item verifier deadline; a check past it scores 0 and is counted.
+    workers: host verifier processes (for "code_tests": sandboxed checks run at once).
+    deadline_s: per-item verifier deadline; a check past it scores 0 and is counted (for
+      "code_tests": the wall time of each test's calls to the program).
     """
 
-    verifier: Literal["arithmetic", "math", "countdown"] = "arithmetic"
+    verifier: Literal["arithmetic", "math", "countdown", "code_tests"] = "arithmetic"
     format: Literal["number", "r1", "none"] = "number"
     format_weight: float = 0.0
     length_weight: float = 0.0
