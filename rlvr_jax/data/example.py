@@ -23,6 +23,8 @@ class Example:
       source: where it came from ("gsm8k", "math500", "countdown", ...).
       difficulty: an optional level (MATH level, arithmetic level, number count), higher is harder.
       meta: JSON-serialisable extras (countdown numbers and target, the gold solution text, ...).
+      hidden: JSON-serialisable data for the verifier only (a code problem's hidden tests and
+        entry point). Templates render `prompt_text` alone, so the model never sees it.
     """
 
     id: str
@@ -31,6 +33,7 @@ class Example:
     source: str
     difficulty: float | None = None
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+    hidden: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """The record as a JSON object (the format `datasets.write_examples` writes)."""
@@ -41,4 +44,5 @@ class Example:
             "source": self.source,
             "difficulty": self.difficulty,
             "meta": dict(self.meta),
+            "hidden": dict(self.hidden),
         }

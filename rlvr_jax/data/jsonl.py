@@ -7,6 +7,7 @@ surrogate); the loaders count each reason with its line numbers and skip the row
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from collections.abc import Iterator
@@ -105,9 +106,10 @@ def read_rows(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tupl
     """(1-based line number, parsed object or a `MalformedRowError`) for each non-blank line.
 
     The file is read as bytes and each line decoded alone, so a damaged line costs only itself;
-    lines split at "\\n" only. A line over `max_line_bytes` is skipped without being held.
+    lines split at "\\n" only. A line over `max_line_bytes` is skipped without being held. A path
+    ending in ".gz" is read through gzip.
     """
-    with path.open("rb") as f:
+    with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as f:
         number = 0
         while raw := f.readline(max_line_bytes + 1):
             number += 1

@@ -10,7 +10,10 @@ Host code. The named templates (`TEMPLATES`):
 - "qwen3_thinking" / "qwen3_non_thinking": the chat template with `enable_thinking=True/False`.
   For a template that does not read `enable_thinking`, non-thinking mode appends the empty
   "<think>\\n\\n</think>\\n\\n" block that Qwen3's own template writes in that mode.
-- "plain": the question as is, no template (models trained from scratch).
+- "plain": the question as is, no template (models trained from scratch; for a code problem,
+  HumanEval's completion format: the model continues the function).
+- "code": a code problem (a Python signature and docstring) as one user turn through the chat
+  template, asking for the whole function in one ```python block (`envs.code` reads it).
 
 `text_template("{question}=")` makes a plain-text template of any format.
 """
@@ -33,6 +36,10 @@ R1_ZERO = (
     "here </think> <answer> answer here </answer>.\nUser: {question}\nAssistant: <think>"
 )
 BOXED_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+CODE = (
+    "Complete the following Python function. Reply with the whole function, its imports "
+    "included, in one ```python code block.\n\n```python\n{question}```"
+)
 # What Qwen3's chat template appends to the generation prompt when enable_thinking=False.
 EMPTY_THINK = "<think>\n\n</think>\n\n"
 
@@ -70,6 +77,7 @@ TEMPLATES: dict[str, PromptTemplate] = {
     "qwen3_thinking": PromptTemplate("qwen3_thinking", chat=True, thinking=True),
     "qwen3_non_thinking": PromptTemplate("qwen3_non_thinking", chat=True, thinking=False),
     "plain": PromptTemplate("plain", chat=False),
+    "code": PromptTemplate("code", chat=True, text=CODE),
 }
 
 

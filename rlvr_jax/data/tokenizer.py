@@ -310,8 +310,9 @@ class Tokenizer:
         vocab = {pad: 0, eos: 1, **{c: i + 2 for i, c in enumerate(chars)}}
         model = tokenizers.models.WordLevel(vocab, unk_token=None)
         tok = tokenizers.Tokenizer(model)
+        # One piece per character, line breaks included ("." would leave "\n\n" as one piece).
         tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(
-            tokenizers.Regex("."), behavior="isolated"
+            tokenizers.Regex(r"[\s\S]"), behavior="isolated"
         )
         tok.decoder = tokenizers.decoders.Fuse()
         tok.add_special_tokens([pad, eos])

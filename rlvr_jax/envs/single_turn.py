@@ -6,6 +6,8 @@
   in the verifier pool (process isolation, a deadline per item).
 * `CountdownTask`: an arithmetic expression over the given numbers, parsed without eval
   (`rewards.countdown`), in the pool.
+* `CodeTestsTask` (`envs.code`): a program run against the problem's hidden unit tests in the
+  sandbox (`rewards.code_tests`).
 
 `build_task` picks one from `RewardSettings.verifier` (the multi-turn "math_tool" included:
 `envs.tool_math`).
@@ -22,7 +24,8 @@ import numpy as np
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
-from rlvr_jax.envs.task import JaxParts, Task
+from rlvr_jax.envs.code import CodeTestsTask
+from rlvr_jax.envs.task import JaxParts, Task, response_texts
 from rlvr_jax.envs.tool_math import MathToolTask
 from rlvr_jax.rewards import arithmetic, countdown
 from rlvr_jax.rewards import math as math_reward
@@ -104,11 +107,7 @@ class PoolTask(Task):
 
     def texts(self, rollout: Rollout) -> list[str]:
         """The decoded responses (special tokens dropped)."""
-        tokens_NT, lengths_N = jax.device_get((rollout.tokens_NT, rollout.lengths_N))
-        return [
-            self.tok.decode(tokens_NT[i, : lengths_N[i]], skip_special_tokens=True)
-            for i in range(tokens_NT.shape[0])
-        ]
+        return response_texts(self.tok, rollout)
 
     def score(self, rollout: Rollout, examples_N: Sequence[Example]) -> dict[str, np.ndarray]:
         texts = self.texts(rollout)
@@ -169,4 +168,6 @@ def build_task(
         return CountdownTask(tok, reward, think_in_prompt)
     if reward.verifier == "math_tool":
         return MathToolTask(tok, reward)
+    if reward.verifier == "code_tests":
+        return CodeTestsTask.build(tok, reward, examples)
     return ArithmeticTask.build(tok, vocab_size, examples)

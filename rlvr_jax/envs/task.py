@@ -105,6 +105,15 @@ class MultiTurnTask(Task):
         """A fresh episode (its `reset` takes the example)."""
 
 
+def response_texts(tok: Tokenizer, rollout: Rollout) -> list[str]:
+    """The decoded responses of a rollout (special tokens dropped), for host verifiers."""
+    tokens_NT, lengths_N = jax.device_get((rollout.tokens_NT, rollout.lengths_N))
+    return [
+        tok.decode(tokens_NT[i, : lengths_N[i]], skip_special_tokens=True)
+        for i in range(tokens_NT.shape[0])
+    ]
+
+
 def shape_rewards(
     parts: Mapping[str, Array], lengths_N: Array, reward: RewardSettings, G: int, T: int
 ) -> tuple[Array, dict[str, Array]]:

@@ -10,17 +10,20 @@ from typing import Literal
 class RewardSettings:
     """Attributes:
     verifier: "arithmetic" (in JAX over tokens: the whole step is one program), "math"
-      (answer extraction and equivalence on text, in a process pool with deadlines) or
+      (answer extraction and equivalence on text, in a process pool with deadlines),
       "countdown" (an arithmetic expression over the given numbers, parsed without eval, in
-      the pool) or "math_tool" (math with a sandboxed `python` tool over several turns:
-      `envs.tool_math`, docs/agents.md; the final answer checked as "math" does).
+      the pool), "code_tests" (a program run against the problem's hidden unit tests in the
+      code sandbox; `data.name="humaneval"`) or "math_tool" (math with a sandboxed `python`
+      tool over several turns: `envs.tool_math`, docs/agents.md; the final answer checked as
+      "math" does).
     format: "number" (arithmetic: a number, then an end token), "r1" (the R1 think/answer
       template), or "none".
     format_weight: weight of the format part; correctness always has weight 1.
     length_weight: weight of the Kimi k1.5 group-relative length reward (0 disables).
     overlong_cache: DAPO soft overlong penalty ramp width in tokens (0 disables).
-    workers: host verifier processes.
-    deadline_s: per-item verifier deadline; a check past it scores 0 and is counted.
+    workers: host verifier processes (for "code_tests": sandboxed checks run at once).
+    deadline_s: per-item verifier deadline; a check past it scores 0 and is counted (for
+      "code_tests": the wall time of each test's calls to the program).
     max_turns: model turns per episode of a multi-turn verifier ("math_tool").
     turn_tokens: tokens each row decodes per round of a multi-turn rollout before its tool
       calls are looked at (a round ends earlier when every row has stopped); 0: all of
@@ -28,7 +31,7 @@ class RewardSettings:
     tool_workers: threads that run the tools of a multi-turn rollout.
     """
 
-    verifier: Literal["arithmetic", "math", "countdown", "math_tool"] = "arithmetic"
+    verifier: Literal["arithmetic", "math", "countdown", "code_tests", "math_tool"] = "arithmetic"
     format: Literal["number", "r1", "none"] = "number"
     format_weight: float = 0.0
     length_weight: float = 0.0

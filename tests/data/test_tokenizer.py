@@ -274,3 +274,10 @@ def test_character_tokenizer_reloads_as_itself_next_to_a_model_config(tmp_path):
     assert back.vocab_size == chars.vocab_size == 14
     assert back.eos_ids == chars.eos_ids and back.pad_id == chars.pad_id
     assert back.encode("12+3=") == chars.encode("12+3=")
+
+
+def test_a_character_tokenizer_splits_line_breaks_too():
+    chars = Tokenizer.from_characters("ab \n\t")
+    text = "a\n\n\tb \n"
+    ids = chars.encode(text)
+    assert len(ids) == len(text) and chars.decode(ids) == text
