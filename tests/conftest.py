@@ -1,6 +1,8 @@
 """Tests run on the CPU with 8 host devices, so mesh code is exercised without accelerators."""
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -12,3 +14,23 @@ import jax  # noqa: E402
 
 jax.config.update("jax_platform_name", "cpu")
 jax.config.update("jax_num_cpu_devices", 8)
+
+from rlvr_jax.program import compilation  # noqa: E402
+
+# One persistent compile cache for the whole session, shared by the xdist workers (they inherit
+# the environment the controller sets here before it starts them): many tests compile the same
+# tiny-model programs, and each is then compiled once. Removed when the session ends.
+_CACHE_ENV = "RLVR_JAX_TEST_COMPILE_CACHE"
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and _CACHE_ENV not in os.environ:
+        config._rlvr_jax_cache = tempfile.mkdtemp(prefix="rlvr_jax_test_compile_cache_")
+        os.environ[_CACHE_ENV] = config._rlvr_jax_cache
+    compilation.enable_cache(os.environ[_CACHE_ENV])
+
+
+def pytest_unconfigure(config):
+    path = getattr(config, "_rlvr_jax_cache", None)
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
