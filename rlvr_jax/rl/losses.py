@@ -1,4 +1,5 @@
-"""Policy losses over N = B*G completions of T tokens: clipped PPO, REINFORCE, GSPO, CISPO, SAPO;
+"""Policy losses over N = B*G completions of T tokens: clipped PPO, REINFORCE, GSPO, CISPO, SAPO,
+Kimi k1.5's;
 KL; entropy; importance corrections for the sampler's log-probs (TIS, IcePop).
 
 Shapes: `logp_NT` the current policy's log-probs of the sampled tokens, `old_logp_NT` those of the
@@ -29,13 +30,13 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-PolicyLoss = Literal["ppo_clip", "reinforce", "gspo", "cispo", "sapo"]
+PolicyLoss = Literal["ppo_clip", "reinforce", "gspo", "cispo", "sapo", "kimi"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo_constant"]
 KLEstimator = Literal["k1", "k2", "k3", "k3_plus", "low_var_kl"]
 TISLevel = Literal["token", "sequence"]
 KLIn = Literal["loss", "reward"]
 
-POLICY_LOSSES: tuple[str, ...] = ("ppo_clip", "reinforce", "gspo", "cispo", "sapo")
+POLICY_LOSSES: tuple[str, ...] = ("ppo_clip", "reinforce", "gspo", "cispo", "sapo", "kimi")
 AGGREGATIONS: tuple[str, ...] = (
     "token_mean",
     "seq_mean_token_mean",
@@ -79,6 +80,18 @@ class LossConfig:
           Gao et al. 2025), tau = `sapo_tau_pos` where A > 0 and `sapo_tau_neg` otherwise: the
           gradient weight `4 s (1 - s)`, s = sigmoid(tau (r - 1)), is 1 on-policy and decays
           smoothly as r leaves 1 instead of dropping to 0 at a clip boundary.
+        - "kimi": Kimi k1.5's reference-regularised objective (Kimi Team 2025, sec. 2.3.2). The
+          KL-regularised optimum against the sampling policy pi_old satisfies
+          `r - tau log Z = tau log(pi* / pi_old)`; its squared-loss surrogate, with tau log Z
+          estimated by the group's mean reward, has the gradient
+          `-(r - mean(r)) grad log pi(y) + tau / 2 grad (log pi(y) - log pi_old(y))^2` per
+          completion y, with `log pi(y)` the sum over its tokens. Here each token carries
+          `-A log pi_t + tau / 2 * s * (log pi_t - log pi_old_t)`, s the completion's summed log
+          ratio, so a completion's tokens sum to the paper's term: use it with
+          `advantage.estimator="dr_grpo"` (A = r - mean(r)) and
+          `aggregation="seq_mean_token_sum"` for the paper's objective. On-policy (one update a
+          rollout) s = 0 and it is REINFORCE with the group-mean baseline; the squared term
+          acts from the second update on a rollout (`rl.mu`, `rl.num_minibatches`).
       clip_low: eps_low: the ratio is clipped below at 1 - clip_low (for A < 0; for "cispo" the
         importance weight, whatever the sign of A).
       clip_high: eps_high: the ratio is clipped above at 1 + clip_high (for A > 0). A larger
@@ -86,6 +99,8 @@ class LossConfig:
       dual_clip: None, or c > 1: for A < 0 the per-token loss is additionally capped at `-c A`,
         so a token whose ratio has exploded cannot dominate the update (dual-clip PPO, Ye et al.
         2020). ppo_clip and gspo only.
+      kimi_tau: tau of "kimi", the weight of its squared log-ratio term (its KL regulariser
+        towards the sampling policy).
       sapo_tau_pos, sapo_tau_neg: SAPO's gate temperatures for positive and negative advantages
         (1.0 and 1.05 in the paper: negative advantages decay faster).
       aggregation: how token losses become one number (see `token_weights`, `loss_normalizer`).
@@ -137,6 +152,7 @@ class LossConfig:
     icepop_high: float = 0.0
     sapo_tau_pos: float = 1.0
     sapo_tau_neg: float = 1.05
+    kimi_tau: float = 0.1
 
     def __post_init__(self):
         def number(name: str, lo: float, lo_open: bool = False, hi: float = math.inf):
@@ -171,6 +187,7 @@ class LossConfig:
             number("tis_cap", 0.0, lo_open=True)
         number("sapo_tau_pos", 0.0, lo_open=True)
         number("sapo_tau_neg", 0.0, lo_open=True)
+        number("kimi_tau", 0.0)
         number("icepop_low", 0.0, hi=1.0)
         number("icepop_high", 0.0)
         if self.icepop:
@@ -312,7 +329,7 @@ def _log_ratio(logp_NT: Array, old_logp_NT: Array, mask_NT: Array, policy_loss: 
 
 
 def _surrogate(
-    ratio_NT: Array, logp_NT: Array, A_N1: Array, cfg: LossConfig
+    ratio_NT: Array, lr_NT: Array, logp_NT: Array, A_N1: Array, cfg: LossConfig
 ) -> tuple[Array, dict[str, Array]]:
     """The per-token policy-gradient surrogate of `cfg.policy_loss` and where each clip is active
     ("clip_low", "clip_high", "dual": bool (N, T))."""
@@ -320,6 +337,9 @@ def _surrogate(
     clips = {"clip_low": no_clip_NT, "clip_high": no_clip_NT, "dual": no_clip_NT}
     if cfg.policy_loss == "reinforce":
         return -A_N1 * ratio_NT, clips
+    if cfg.policy_loss == "kimi":
+        seq_lr_N1 = jnp.sum(lr_NT, axis=1, keepdims=True)
+        return -A_N1 * logp_NT + 0.5 * cfg.kimi_tau * seq_lr_N1 * lr_NT, clips
     lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
     if cfg.policy_loss == "cispo":
         weight_NT = jax.lax.stop_gradient(jnp.clip(ratio_NT, lo, hi))
@@ -376,9 +396,10 @@ def per_token_loss(
     A_N1 = A_N1[:, None] if A_N1.ndim == 1 else A_N1
     parts: dict[str, Array] = {}
 
-    ratio_NT = jnp.exp(_log_ratio(logp_NT, old_logp_NT, mask_NT, cfg.policy_loss))
+    log_ratio_NT = _log_ratio(logp_NT, old_logp_NT, mask_NT, cfg.policy_loss)
+    ratio_NT = jnp.exp(log_ratio_NT)
     parts["ratio"] = jax.lax.stop_gradient(ratio_NT)
-    pg_NT, clips = _surrogate(ratio_NT, logp_NT, A_N1, cfg)
+    pg_NT, clips = _surrogate(ratio_NT, log_ratio_NT, logp_NT, A_N1, cfg)
     parts.update(clips)
 
     if (cfg.tis_cap is not None or cfg.icepop) and sampler_logp_NT is None:

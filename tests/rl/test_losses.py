@@ -495,3 +495,32 @@ def test_sampler_trainer_mismatch_metrics():
     assert float(m["mismatch/kl"]) == pytest.approx(np.mean(np.exp(lr) - lr - 1), rel=1e-5)
     _, same = _loss(LossConfig(), sampler_logp_NT=jnp.asarray(OLD))
     assert float(same["mismatch/max"]) == 0 and float(same["mismatch/kl"]) == 0
+
+
+def test_kimi_objective_value_and_gradient_by_hand():
+    # Two completions: A = r - mean(r) = 1 and -2; tau = 0.5; "seq_mean_token_sum" (Z = 2 rows).
+    # Row 0: -A log pi(y) = -(-1 - 2) = 3, summed log ratio s = 0.5, tau / 2 s^2 = 0.0625.
+    # Row 1: -(-2)(-0.5) = -1, s = 0. Loss (3.0625 - 1) / 2 = 1.03125.
+    logp = jnp.array([[-1.0, -2.0], [-0.5, 0.0]])
+    old = jnp.array([[-1.5, -2.0], [-0.5, 7.0]])
+    adv = jnp.array([1.0, -2.0])
+    mask = jnp.array([[True, True], [True, False]])
+    cfg = LossConfig(policy_loss="kimi", kimi_tau=0.5, aggregation="seq_mean_token_sum")
+    loss, metrics = losses.policy_loss(logp, old, adv, mask, cfg)
+    np.testing.assert_allclose(loss, 1.03125, rtol=1e-6)
+    # d/d log pi_t: (-A + tau s) / Z on every token of the row: (-1 + 0.25) / 2 and 2 / 2.
+    g = jax.grad(lambda x: losses.policy_loss(x, old, adv, mask, cfg)[0])(logp)
+    np.testing.assert_allclose(g, [[-0.375, -0.375], [1.0, 0.0]], atol=1e-7)
+    assert float(metrics["clip/frac_low"]) == float(metrics["clip/frac_high"]) == 0.0
+    # On-policy the squared term vanishes: the REINFORCE gradient with the group-mean baseline.
+    on = lambda x: losses.policy_loss(x, jax.lax.stop_gradient(x), adv, mask, cfg)[0]  # noqa: E731
+    reinforce = LossConfig(policy_loss="reinforce", aggregation="seq_mean_token_sum")
+    np.testing.assert_allclose(
+        jax.grad(on)(logp),
+        jax.grad(
+            lambda x: losses.policy_loss(x, jax.lax.stop_gradient(x), adv, mask, reinforce)[0]
+        )(logp),
+        atol=1e-7,
+    )
+    with pytest.raises(ValueError, match="kimi_tau=-1"):
+        LossConfig(policy_loss="kimi", kimi_tau=-1.0)
