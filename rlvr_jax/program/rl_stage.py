@@ -102,6 +102,28 @@ class PartialSampler:
         return PartialState(self.inner.load_state_dict(own), tuple(groups))
 
 
+def build_rollout_source(
+    s: Settings,
+    model_cfg: ModelConfig,
+    task: Task,
+    plan: sharding_plan.StepShardings,
+    pad_id: int,
+) -> Callable[[Any, Sequence[Example], ts.Batch, jax.Array], tuple[Any, dict[str, Any]]]:
+    """The host path's rollout, `(params, examples, batch, key) -> (rollout, metrics)`: the
+    sampler's jitted program, or for a multi-turn task its episodes (`rl.multiturn`), whose
+    metrics (turns, tool calls, tool time) come with it."""
+    if not isinstance(task, MultiTurnTask):
+        rollout_fn = ts.build_rollout(model_cfg, s.rl, plan)
+        return lambda params, chosen, batch, key: (
+            jax.block_until_ready(rollout_fn(params, batch, key)),
+            {},
+        )
+    if s.rl.partial_budget:
+        raise ConfigError(f"reward.verifier={task.name!r} runs episodes; rl.partial_budget=0")
+    episodes = multiturn.build_episodes(model_cfg, s.rl, plan, task, s.data.buckets, pad_id)
+    return lambda params, chosen, batch, key: episodes(params, chosen, key)
+
+
 def build_rl_step(
     s: Settings,
     model_cfg: ModelConfig,
@@ -121,14 +143,9 @@ def build_rl_step(
         reward_fn = jax_reward_fn(task, s.reward, G)
         step_fn = ts.build_train_step(model_cfg, s.rl, optimizer, schedule, reward_fn, plan)
     else:
-        rollout_fn = ts.build_rollout(model_cfg, s.rl, plan)
+        rollout_fn = build_rollout_source(s, model_cfg, task, plan, pad_id)
         update_fn = ts.build_update(model_cfg, s.rl, optimizer, schedule, plan)
-    # A multi-turn task's rollout: episodes with its environment (rl.multiturn).
-    episodes, episode_metrics = None, {}
-    if isinstance(task, MultiTurnTask):
-        if s.rl.partial_budget:
-            raise ConfigError(f"reward.verifier={task.name!r} runs episodes; rl.partial_budget=0")
-        episodes = multiturn.build_episodes(model_cfg, s.rl, plan, task, s.data.buckets, pad_id)
+    episode_metrics = {}
     timer = metrics_lib.StageTimer()
 
     def select(sampler_state):
@@ -143,11 +160,8 @@ def build_rl_step(
     def rollout_round(state, chosen, batch) -> tuple[TrainState, dynamic_sampling.Round]:
         with timer.stage("rollout"):
             state, key = ts.split_rollout_key(state)
-            if episodes is None:
-                rollout = jax.block_until_ready(rollout_fn(state.params, batch, key))
-            else:
-                rollout, m = episodes(state.params, chosen, key)
-                episode_metrics.update(m)
+            rollout, m = rollout_fn(state.params, chosen, batch, key)
+            episode_metrics.update(m)
         with timer.stage("verification"):
             rows = [ex for ex in chosen for _ in range(G)]
             rewards, parts = host_rewards(task, rollout, rows, s.reward, G)
