@@ -23,6 +23,8 @@ sampler's loop keeps the prompt mask and the slot to write. Two layer loops:
 cache row is a decode slot that takes the next queued prompt when its row ends. Both layer loops
 serve both.
 
+LoRA adapters (`Params.lora`) ride along with their layer's weights in both loops.
+
 Both loops take RoPE's cos/sin of the fed tokens as inputs: built inside the step, XLA fuses the
 trigonometry into every head's rotation of every layer.
 
@@ -111,10 +113,14 @@ def prefill(
     )
 
 
-def unstack_layers(params: transformer.Params) -> list[transformer.Layers]:
-    """Per-layer weights for the unrolled loop: one copy per call, none per step."""
+LayerWeights = tuple[transformer.Layers, transformer.LoraParams | None]
+
+
+def unstack_layers(params: transformer.Params) -> list[LayerWeights]:
+    """Per-layer weights and adapters (None without) for the unrolled loop: one copy per call,
+    none per step."""
     n = params.layers.attn_norm.shape[0]
-    return [jax.tree.map(lambda a, i=i: a[i], params.layers) for i in range(n)]
+    return [jax.tree.map(lambda a, i=i: a[i], (params.layers, params.lora)) for i in range(n)]
 
 
 def attention_windows(prompt_len: int, num_slots: int, chunk: int) -> tuple[int, ...]:
@@ -130,19 +136,21 @@ def attention_windows(prompt_len: int, num_slots: int, chunk: int) -> tuple[int,
 
 
 def _qkv(
-    x_ND: Array, w: transformer.Layers, rope_N: tuple[Array, Array], cfg: ModelConfig
+    x_ND: Array, w: LayerWeights, rope_N: tuple[Array, Array], cfg: ModelConfig
 ) -> tuple[Array, Array, Array]:
     """`transformer._qkv` of one token per row: query (N, K, G, Dh), key and value (N, K, Dh)."""
     N, K = x_ND.shape[0], cfg.num_kv_heads
     rope = tuple(c[:, None].astype(x_ND.dtype) for c in rope_N)
-    q, k, v = transformer._qkv(x_ND[:, None], w, rope, cfg)
+    layer, lora = w
+    q, k, v = transformer._qkv(x_ND[:, None], layer, rope, cfg, lora)
     return q[:, 0].reshape(N, K, cfg.num_heads // K, cfg.head_dim), k[:, 0], v[:, 0]
 
 
-def _out_and_mlp(x_ND: Array, attn_NKGd: Array, w: transformer.Layers, cfg: ModelConfig) -> Array:
+def _out_and_mlp(x_ND: Array, attn_NKGd: Array, w: LayerWeights, cfg: ModelConfig) -> Array:
     """`transformer._out_and_mlp` of one token per row."""
     attn = attn_NKGd.reshape(x_ND.shape[0], 1, cfg.num_heads, cfg.head_dim)
-    return transformer._out_and_mlp(x_ND[:, None], attn, w, cfg)[:, 0]
+    layer, lora = w
+    return transformer._out_and_mlp(x_ND[:, None], attn, layer, cfg, lora)[:, 0]
 
 
 def _scores(q_NKGd: Array, k_NKSd: Array, valid_NS: Array) -> Array:
@@ -202,14 +210,14 @@ def _scan_layers(
     attends = [functools.partial(_window_attention, window=w) for w in windows]
 
     def layer(x_ND, inputs):
-        w, index = inputs
+        *w, index = inputs
         q, k, v = _qkv(x_ND, w, rope_N, cfg)
         args = (q, k, v, cache, index, prompt_mask_NP, slot)
         attn = attends[0](*args) if len(attends) == 1 else jax.lax.switch(branch, attends, *args)
         return _out_and_mlp(x_ND, attn, w, cfg), (k, v)
 
     layer_ids = jnp.arange(cfg.num_layers)
-    x_ND, (k_LNKd, v_LNKd) = jax.lax.scan(layer, x_ND, (params.layers, layer_ids))
+    x_ND, (k_LNKd, v_LNKd) = jax.lax.scan(layer, x_ND, (params.layers, params.lora, layer_ids))
     # Written after the scan, once: the scan only reads the cache, so the update is in place.
     at = (0, 0, 0, slot, 0)
     put = lambda c, new: jax.lax.dynamic_update_slice(c, new[:, :, :, None].astype(c.dtype), at)
@@ -230,7 +238,7 @@ def _span_attention(
 
 def _unrolled_layers(
     x_ND: Array,
-    layers: list[transformer.Layers],
+    layers: list[LayerWeights],
     cache: KVCache,
     rope_N: tuple[Array, Array],
     prompt_mask_NP: Array,
@@ -257,7 +265,7 @@ def _unrolled_layers(
 
 def decode_step(
     params: transformer.Params,
-    layers: list[transformer.Layers] | None,
+    layers: list[LayerWeights] | None,
     cache: KVCache,
     tokens_N: Array,
     rope_N: tuple[Array, Array],
@@ -326,14 +334,14 @@ def _scan_layers_per_row(
     limit_N1 = slot_N[:, None]
 
     def layer(x_ND, inputs):
-        w, index = inputs
+        *w, index = inputs
         q, k, v = _qkv(x_ND, w, rope_N, cfg)
         args = (q, k, v, cache, index, prompt_mask_NP, limit_N1)
         attn = attends[0](*args) if len(attends) == 1 else jax.lax.switch(branch, attends, *args)
         return _out_and_mlp(x_ND, attn, w, cfg), (k, v)
 
     layer_ids = jnp.arange(cfg.num_layers)
-    x_ND, (k_LNKd, v_LNKd) = jax.lax.scan(layer, x_ND, (params.layers, layer_ids))
+    x_ND, (k_LNKd, v_LNKd) = jax.lax.scan(layer, x_ND, (params.layers, params.lora, layer_ids))
     # As in `_scan_layers`: written once after the scan, which only reads the cache. The layer
     # axis rides along inside each row's scatter.
     put = jax.vmap(_put_per_row, in_axes=(0, 0, None))
@@ -342,7 +350,7 @@ def _scan_layers_per_row(
 
 def _unrolled_layers_per_row(
     x_ND: Array,
-    layers: list[transformer.Layers],
+    layers: list[LayerWeights],
     cache: KVCache,
     rope_N: tuple[Array, Array],
     prompt_mask_NP: Array,
@@ -368,7 +376,7 @@ def _unrolled_layers_per_row(
 
 def decode_step_per_row(
     params: transformer.Params,
-    layers: list[transformer.Layers] | None,
+    layers: list[LayerWeights] | None,
     cache: KVCache,
     tokens_N: Array,
     rope_N: tuple[Array, Array],

@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 
 from rlvr_jax.model.config import ModelConfig, from_hf_config, to_hf_config
+from rlvr_jax.model.lora import merge_lora
 from rlvr_jax.model.transformer import Layers, Params
 
 # safetensors dtype names <-> numpy dtypes.
@@ -380,7 +381,8 @@ def save_hf(
     only once the new one is in its place, so no file of it (an old shard, an old index) remains.
 
     Args:
-      params: the weights.
+      params: the weights; LoRA adapters and int8 projections are merged into plain weights
+        first (`lora.merge_lora`).
       cfg: their architecture.
       directory: where the checkpoint goes; its parent is created if needed.
       tokenizer: optional; anything with `save_pretrained(directory)` (our `Tokenizer` has it).
@@ -395,6 +397,7 @@ def save_hf(
       FileExistsError: `directory` is a file, or not empty and `overwrite` is false.
     """
     directory = check_output_dir(directory, overwrite)
+    params = merge_lora(params)
     if directory.is_symlink():
         directory = directory.resolve()  # replace what the link points to, not the link
     directory.parent.mkdir(parents=True, exist_ok=True)

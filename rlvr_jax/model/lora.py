@@ -79,13 +79,19 @@ __all__ = [
     "LoraConfig",
     "LoraParams",
     "LowRank",
+    "adapter_config",
+    "adapter_logical_axes",
     "dequantize",
     "init_lora",
     "lora_logical_axes",
     "merge_layers",
     "merge_lora",
+    "params_logical_axes",
     "quantize_int8",
     "quantized_logical_axes",
+    "trainable",
+    "with_trainable",
+    "without_adapters",
 ]
 
 
@@ -236,10 +242,12 @@ def dequantize(params: Params, dtype=None) -> Params:
     return dataclasses.replace(params, layers=dataclasses.replace(params.layers, **out))
 
 
-def merge_lora(params: Params, lora: LoraParams | None) -> Params:
-    """Plain `Params` computing what `forward(params, ..., lora=lora)` computes: int8 bases
-    dequantised, each adapted projection merged. What the Hugging Face export writes."""
-    params = dequantize(params)
+def merge_lora(params: Params, lora: LoraParams | None = None) -> Params:
+    """Plain `Params` (no adapters, no int8) computing what `forward(params, ..., lora=lora)`
+    computes (`lora` None: `params.lora`): int8 bases dequantised, each adapted projection
+    merged. What the Hugging Face export writes."""
+    lora = params.lora if lora is None else lora
+    params = dequantize(without_adapters(params))
     if lora is None:
         return params
     return dataclasses.replace(params, layers=merge_layers(params.layers, lora))
@@ -255,3 +263,43 @@ def quantized_logical_axes(cfg: ModelConfig) -> Params:
         _, outs = _split(name, names)
         out[name] = Int8Weight(values=names, scale=("layers", *outs))
     return dataclasses.replace(base, layers=dataclasses.replace(base.layers, **out))
+
+
+def adapter_config(lora: LoraParams) -> LoraConfig:
+    """The `LoraConfig` of an adapter tree: its targets, rank and alpha (= scale x rank)."""
+    targets = tuple(name for name in TARGETS if getattr(lora, name) is not None)
+    rank = int(getattr(lora, targets[0]).a.shape[-1])
+    return LoraConfig(rank=rank, alpha=lora.scale * rank, targets=targets)
+
+
+def without_adapters(params: Params) -> Params:
+    """The base model: `params` with the adapters off (the same buffers, nothing copied). The
+    reference policy of a LoRA run."""
+    return dataclasses.replace(params, lora=None)
+
+
+def trainable(params: Params) -> LoraParams | Params:
+    """What an optimizer trains: the adapters when `params` has them (the base is frozen),
+    else all of `params`."""
+    return params if params.lora is None else params.lora
+
+
+def with_trainable(params: Params, values: LoraParams | Params) -> Params:
+    """`params` with its `trainable` part replaced by `values`."""
+    return values if params.lora is None else dataclasses.replace(params, lora=values)
+
+
+def adapter_logical_axes(cfg: ModelConfig, lora: LoraParams) -> LoraParams:
+    """`lora_logical_axes` for the adapter tree `lora` (same structure, its own scale)."""
+    names = lora_logical_axes(cfg, adapter_config(lora))
+    return dataclasses.replace(names, scale=lora.scale)
+
+
+def params_logical_axes(cfg: ModelConfig, params: Params) -> Params:
+    """Logical axis names of `params` as it is: int8 projections (`quantized_logical_axes`),
+    adapters (`lora_logical_axes`) and an absent `lm_head` (a critic's decoder) included."""
+    quantized = isinstance(params.layers.q, Int8Weight)
+    names = quantized_logical_axes(cfg) if quantized else logical_axes(cfg)
+    lora = None if params.lora is None else adapter_logical_axes(cfg, params.lora)
+    lm_head = None if params.lm_head is None else names.lm_head
+    return dataclasses.replace(names, lora=lora, lm_head=lm_head)

@@ -59,7 +59,7 @@ def save_merged_hf(
 
 def _check(lora: LoraParams, lora_cfg: LoraConfig) -> None:
     present = tuple(n for n in TARGETS if getattr(lora, n) is not None)
-    if set(present) != set(lora_cfg.targets) or lora.scale != lora_cfg.scale:
+    if set(present) != set(lora_cfg.targets) or not math.isclose(lora.scale, lora_cfg.scale):
         raise ValueError(
             f"adapters (targets {present}, scale {lora.scale}) do not match the LoraConfig "
             f"(targets {lora_cfg.targets}, scale {lora_cfg.scale})"

@@ -65,12 +65,19 @@ class Layers:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Params:
-    """All weights of one decoder. `lm_head` is None when tied to `embed`."""
+    """All weights of one decoder. `lm_head` is None when tied to `embed`.
+
+    `lora` holds LoRA adapters on the layer projections (`model/lora.py`), or None. Every
+    forward (`hidden_states`, `grouped_hidden_states`, the decode step) applies them, so a
+    policy with adapters is one tree wherever parameters go; the base with the adapters off is
+    `dataclasses.replace(params, lora=None)`, the same buffers.
+    """
 
     embed: Array  # (V, D)
     layers: Layers
     final_norm: Array  # (D,)
     lm_head: Array | None = None  # (D, V)
+    lora: LoraParams | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -385,9 +392,11 @@ def hidden_states(
         `cache.index .. cache.index + T - 1` and attend to every earlier valid slot.
       mask_BT: which tokens are real (False for padding); padded keys are never attended to.
         Defaults to all True.
+      lora: adapters to apply in place of `params.lora` (None: `params.lora`'s, if any).
     """
     B, T = tokens_BT.shape
     dt = jnp.dtype(cfg.dtype)
+    lora = params.lora if lora is None else lora
     if mask_BT is None:
         mask_BT = jnp.ones((B, T), bool)
     mask_BT = mask_BT.astype(bool)
@@ -504,6 +513,7 @@ def grouped_hidden_states(
     if N % B:
         raise ValueError(f"{N} completion rows do not split into groups of the {B} prompts")
     dt = jnp.dtype(cfg.dtype)
+    lora = params.lora if lora is None else lora
     prompt_mask_BP = prompt_mask_BP.astype(bool)
     attend_p = _self_attend(prompt_mask_BP, cfg)
     attend_c = _grouped_attend(prompt_mask_BP, completion_mask_NT.astype(bool), cfg)
