@@ -17,6 +17,7 @@ from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params, positions_from_mask
 from rlvr_jax.rl import advantages as adv_lib
 from rlvr_jax.rl import losses
+from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import value as value_lib
 from rlvr_jax.rl.config import RLConfig
 from rlvr_jax.rl.logprobs import (
@@ -221,8 +222,9 @@ def prepare_rows(
     seq = sequences(rollout)
     loss_mask_NT = _loss_mask(rollout, rl)
     ref_logp_NT = None
-    if state.ref_params is not None:
-        ref_logp_NT = _frozen_logprobs(state.ref_params, seq, model_cfg, rl)
+    ref_params = state_lib.reference_params(state, rl.loss.kl_beta > 0)
+    if ref_params is not None:
+        ref_logp_NT = _frozen_logprobs(ref_params, seq, model_cfg, rl)
     correct_BG = parts["correct"].reshape(-1, G) > 0 if "correct" in parts else None
     if rl.advantage.estimator == "gae":  # the KL penalty goes in per token, not summed
         rows, adv_stats = _gae_rows(

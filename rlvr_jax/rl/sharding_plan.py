@@ -1,6 +1,7 @@
 """The shardings of the train state and of one RL step on the mesh (`model.sharding`'s table).
 
-Parameters take their logical axes from `transformer.logical_axes`; every subtree of the
+Parameters take their logical axes from `transformer.logical_axes` (LoRA adapters and int8
+projections from `lora.params_logical_axes`); every subtree of the
 optimizer state shaped like the parameters (Adam's moments, f32 master weights) takes the
 parameters' sharding; counters and the rng are replicated. A separate critic's decoder is
 sharded like the policy (same table), its value head and the head's moments replicated.
@@ -15,9 +16,10 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding
 
+from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.sharding import logical_spec, replicated, rows_sharding
-from rlvr_jax.model.transformer import Params, logical_axes
+from rlvr_jax.model.transformer import LoraParams, Params
 from rlvr_jax.rl.state import CriticState, TrainState
 from rlvr_jax.rl.value import CriticParams
 
@@ -28,14 +30,16 @@ def _is_names(x: Any) -> bool:
 
 def param_shardings(model_cfg: ModelConfig, mesh: Mesh, params: Params) -> Params:
     """A `Params` tree of NamedShardings for `params` (arrays or ShapeDtypeStructs); an
-    `lm_head` of None (a critic's decoder) stays None."""
-    names = logical_axes(model_cfg)
-    if params.lm_head is None:
-        names = dataclasses.replace(names, lm_head=None)
+    `lm_head` of None (a critic's decoder) stays None, adapters and int8 projections are sharded
+    by their own logical names (`lora.params_logical_axes`)."""
+    return _by_names(lora_lib.params_logical_axes(model_cfg, params), params, mesh)
+
+
+def _by_names(names: Any, tree: Any, mesh: Mesh) -> Any:
     return jax.tree.map(
         lambda names, x: NamedSharding(mesh, logical_spec(names, x.shape, mesh)),
         names,
-        params,
+        tree,
         is_leaf=_is_names,
     )
 
@@ -47,9 +51,12 @@ def mirror_params(tree: Any, model_cfg: ModelConfig, mesh: Mesh) -> Any:
     def one(x):
         if isinstance(x, Params):
             return param_shardings(model_cfg, mesh, x)
+        if isinstance(x, LoraParams):  # the optimizer state of a LoRA run's adapters
+            names = lora_lib.adapter_logical_axes(model_cfg, x)
+            return _by_names(names, x, mesh)
         return replicated(mesh)
 
-    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, Params))
+    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, Params | LoraParams))
 
 
 def critic_shardings(critic: CriticState, model_cfg: ModelConfig, mesh: Mesh) -> CriticState:

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.rl.value import CriticConfig, CriticParams
 
@@ -28,8 +29,9 @@ class CriticState:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TrainState:
-    """Everything a step reads and replaces. `ref_params` is None when no KL term is used,
-    `critic` when there is no value model."""
+    """Everything a step reads and replaces. `ref_params` is None when no KL term is used or
+    when the policy has LoRA adapters (its base is the reference), `critic` when there is no
+    value model. With adapters, `opt_state` is the adapters' (`lora.trainable`)."""
 
     step: Array  # () int32: optimizer updates applied so far
     params: Params
@@ -201,13 +203,29 @@ def init_train_state(
     use_reference: bool,
     critic: CriticState | None = None,
 ) -> TrainState:
-    """A fresh state; the reference is a copy of the initial parameters when `use_reference`."""
-    ref = jax.tree.map(jnp.copy, params) if use_reference else None
+    """A fresh state; the reference is a copy of the initial parameters when `use_reference`.
+
+    With LoRA adapters (`params.lora`), the optimizer state covers the adapters only and no
+    reference is stored: the base with the adapters off is the reference (`reference_params`).
+    """
+    ref = None
+    if use_reference and params.lora is None:
+        ref = jax.tree.map(jnp.copy, params)
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
-        opt_state=optimizer.init(params),
+        opt_state=optimizer.init(lora_lib.trainable(params)),
         ref_params=ref,
         rng=rng,
         critic=critic,
     )
+
+
+def reference_params(state: TrainState, use_reference: bool) -> Params | None:
+    """The KL term's reference policy: the stored copy if the state has one; else, for a LoRA
+    policy when `use_reference`, the same base weights with the adapters off (no copy)."""
+    if state.ref_params is not None:
+        return state.ref_params
+    if use_reference and state.params.lora is not None:
+        return lora_lib.without_adapters(state.params)
+    return None

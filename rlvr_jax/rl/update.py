@@ -9,6 +9,9 @@ With a value model (PPO, `rl.critic`), each microbatch's loss is the policy loss
 `value_coef` times the value loss, differentiated with respect to the policy and the critic at
 once; the critic's optimizer steps beside the policy's, and during the critic's warm-up the
 policy's weights, optimizer state and update count are left as they were.
+
+A policy with LoRA adapters (`Params.lora`) is differentiated with respect to its adapters only
+(`lora.trainable`); its frozen base never gets a gradient.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.rl import losses
@@ -148,22 +152,26 @@ def optimizer_passes(
     with_critic = state.critic is not None
     if with_critic:
         loss_fn = functools.partial(_ppo_loss, model_cfg=model_cfg, rl=rl, grouped=grouped)
-        grad_fn = jax.grad(loss_fn, argnums=(0, 1), has_aux=True)
         critic_optimizer = state_lib.make_critic_optimizer(rl.critic)
     else:
         loss_fn = functools.partial(_loss, model_cfg=model_cfg, rl=rl, grouped=grouped)
-        grad_fn = jax.grad(loss_fn, has_aux=True)
 
     def minibatch(carry: Carry, mb: TrainRows):
         params, opt_state, step, critic = carry
         normalizer = _normalizer(mb, rl)
+        # Differentiated: the adapters of a LoRA policy (the base is closed over, so no
+        # gradient of a full weight is formed), else all the parameters.
+        policy = lora_lib.trainable(params)
+        policy_loss = lambda p, *args: loss_fn(lora_lib.with_trainable(params, p), *args)  # noqa: E731
         if with_critic:
             token_count = losses.loss_normalizer(mb.loss_mask_NT, "token_mean")
-            trainable = (params, critic.params)
+            grad_fn = jax.grad(policy_loss, argnums=(0, 1), has_aux=True)
+            trainable = (policy, critic.params)
             grads_of = lambda micro: grad_fn(*trainable, micro, normalizer, token_count)  # noqa: E731
         else:
-            trainable = params
-            grads_of = lambda micro: grad_fn(params, micro, normalizer)  # noqa: E731
+            grad_fn = jax.grad(policy_loss, has_aux=True)
+            trainable = policy
+            grads_of = lambda micro: grad_fn(policy, micro, normalizer)  # noqa: E731
 
         def accumulate(grads, micro: TrainRows):
             g, metrics = grads_of(micro)
@@ -180,8 +188,8 @@ def optimizer_passes(
             new_critic = optax.apply_updates(critic.params, critic_updates)
             critic = dataclasses.replace(critic, params=new_critic, opt_state=critic_opt)
             metrics["value/grad_norm"] = optax.global_norm(critic_grads)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
+        updates, opt_state = optimizer.update(grads, opt_state, policy)
+        new_params = lora_lib.with_trainable(params, optax.apply_updates(policy, updates))
         metrics["grad_norm"] = optax.global_norm(grads)
         metrics["update_norm"] = optax.global_norm(updates)
         return (new_params, opt_state, step + 1, critic), metrics
@@ -228,9 +236,12 @@ def group_grad_norms(
     normalizer = _normalizer(rows, rl)
     by_group = jax.tree.map(lambda x: x.reshape(x.shape[0] // G, G, *x.shape[1:]), rows)
     loss = functools.partial(_loss, model_cfg=model_cfg, rl=rl, grouped=True)
-    group_grad = jax.grad(loss, has_aux=True)
+    group_grad = jax.grad(
+        lambda p, *args: loss(lora_lib.with_trainable(params, p), *args), has_aux=True
+    )
+    policy = lora_lib.trainable(params)
     return jax.lax.map(
-        lambda one: optax.global_norm(group_grad(params, one, normalizer)[0]), by_group
+        lambda one: optax.global_norm(group_grad(policy, one, normalizer)[0]), by_group
     )
 
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.rl.logprobs import next_token_logprobs
@@ -90,10 +91,14 @@ def build_sft_step(
     """The jitted update `(state, batch) -> (state, metrics)`; the state is donated."""
 
     def step(state: TrainState, batch: SFTBatch):
-        (loss, num), grads = jax.value_and_grad(sft_loss, has_aux=True)(
-            state.params, batch, model_cfg, chunk
-        )
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        # A LoRA policy trains its adapters only (`lora.trainable`), the base closed over.
+        policy = lora_lib.trainable(state.params)
+
+        def loss_of(p):
+            return sft_loss(lora_lib.with_trainable(state.params, p), batch, model_cfg, chunk)
+
+        (loss, num), grads = jax.value_and_grad(loss_of, has_aux=True)(policy)
+        updates, opt_state = optimizer.update(grads, state.opt_state, policy)
         metrics = {
             "sft/loss": loss,
             "sft/tokens": num,
@@ -103,7 +108,7 @@ def build_sft_step(
         new = dataclasses.replace(
             state,
             step=state.step + 1,
-            params=optax.apply_updates(state.params, updates),
+            params=lora_lib.with_trainable(state.params, optax.apply_updates(policy, updates)),
             opt_state=opt_state,
         )
         return new, metrics
