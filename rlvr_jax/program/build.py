@@ -21,6 +21,7 @@ from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer, load_tokenizer
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import hf, loading
+from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params, init_params
 from rlvr_jax.program import checkpoint as ckpt_lib
@@ -101,7 +102,26 @@ def load_policy(model: ModelSettings, tok: Tokenizer, seed: int) -> tuple[Params
     """
     params, cfg = loading.load_model(model.source, seed=seed, **model_overrides(model, tok))
     _check_vocab(tok, cfg)
-    return params, cfg
+    return with_adapters(params, cfg, model, seed), cfg
+
+
+def with_adapters(params: Params, cfg: ModelConfig, model: ModelSettings, seed: int) -> Params:
+    """`params` with fresh LoRA adapters when `model.lora` is on (the base int8 with
+    `model.lora.base="int8"`); unchanged otherwise. Fresh adapters leave the model's outputs as
+    they were (B = 0)."""
+    if not model.lora.enabled:
+        return params
+    if model.lora.base == "int8":
+        params = lora_lib.quantize_int8(params)
+    # A key of its own, so the adapters do not depend on how the base was initialised.
+    key = jax.random.fold_in(jax.random.key(seed), 0x10A)
+    return dataclasses.replace(params, lora=lora_lib.init_lora(key, cfg, model.lora.config()))
+
+
+def base_source(model: ModelSettings) -> str | None:
+    """Where a checkpoint's frozen weights (the KL reference, a LoRA policy's base) are rebuilt
+    from, so that they are not written with it; None for a random initialisation."""
+    return None if model.source.startswith("random:") else model.source
 
 
 def policy_config(model: ModelSettings, tok: Tokenizer) -> ModelConfig:
@@ -176,11 +196,17 @@ def restore_policy(
             raise FileNotFoundError(f"{workdir / CHECKPOINTS} holds no checkpoint")
         optimizer = state_lib.make_optimizer(settings.optim)
 
+        # A checkpoint of a LoRA run may hold its adapters only: the base is loaded here.
+        base = None
+        if settings.model.lora.enabled:
+            base = load_policy(settings.model, tok, settings.train.seed)[0]
+
         def target(meta: dict[str, Any]) -> state_lib.TrainState:
-            # The layout only: no parameter or optimizer memory is allocated before the restore.
-            # Built per checkpoint, as each records whether it holds reference parameters.
+            # The layout only: no parameter or optimizer memory is allocated before the restore
+            # (but a LoRA base, loaded above). Built per checkpoint, as each records whether it
+            # holds reference parameters.
             def init():
-                params = init_params(jax.random.key(0), cfg)
+                params = init_params(jax.random.key(0), cfg) if base is None else base
                 critic = None
                 if meta.get("has_critic"):
                     rl = dataclasses.replace(
@@ -192,7 +218,8 @@ def restore_policy(
                     params, optimizer, jax.random.key(0), use_ref, critic
                 )
 
-            return jax.eval_shape(init)
+            abstract = jax.eval_shape(init)
+            return abstract if base is None else dataclasses.replace(abstract, params=base)
 
         state, _ = ckpt.restore(target, step)
         step = ckpt.restored_step

@@ -4,7 +4,7 @@ Host code. One checkpoint is one orbax step directory `<directory>/<step>/` with
 
 - `state`: the `TrainState` as a dict of arrays (step, params, optimizer state, the PRNG key as
   its raw `key_data`, and the reference parameters only when they cannot be rebuilt from a
-  source);
+  source); for a LoRA policy whose base the source rebuilds, the adapters only;
 - `host`: whatever JSON the caller passes (data position, curriculum statistics, metrics step);
 - `meta`: this module's own record (format version, where the reference parameters come from,
   the PRNG implementation, wall-clock time).
@@ -29,6 +29,7 @@ them); only the primary process writes the JSON items.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.rl.state import TrainState
 
 FORMAT_VERSION = 1
@@ -134,7 +136,8 @@ class Checkpointer:
       ref_source: where the reference parameters come from ("embedded", a Hugging Face directory
         or hub id). When set, the reference parameters are recorded by this string and not
         written; on restore the caller reloads them. None means they are not reproducible from a
-        source and are written with the state (when the state has them).
+        source and are written with the state (when the state has them). The same source
+        rebuilds a LoRA policy's frozen base, so with it only the adapters are written.
       save_ref: write the reference parameters even when `ref_source` is set.
       async_save: write in a background thread after the device-to-host copy.
       read_only: only read (an evaluator watching a directory the trainer writes): nothing is
@@ -282,7 +285,11 @@ class Checkpointer:
             raise CheckpointError(f"saving step {step} to {self.step_dir(step)} failed: {e}") from e
 
     def _to_tree(self, state: TrainState) -> tuple[dict[str, Any], dict[str, Any]]:
-        tree = {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+        # A LoRA policy whose base the source rebuilds saves its adapters only.
+        has_lora = state.params.lora is not None
+        adapters_only = has_lora and self.ref_source is not None
+        params = {"lora": state.params.lora} if adapters_only else state.params
+        tree = {"step": state.step, "params": params, "opt_state": state.opt_state}
         if _is_key(state.rng):
             tree["rng"] = jax.random.key_data(state.rng)
             rng_impl = str(jax.random.key_impl(state.rng))
@@ -301,6 +308,8 @@ class Checkpointer:
             "has_ref": state.ref_params is not None,
             "rng_impl": rng_impl,
             "has_critic": state.critic is not None,
+            "has_lora": has_lora,
+            "adapters_only": adapters_only,
         }
         return tree, meta
 
@@ -410,9 +419,12 @@ class Checkpointer:
             ref = tree["ref_params"]
         else:
             ref = target.ref_params if _is_concrete(target.ref_params) else None
+        params = tree["params"]
+        if meta.get("adapters_only"):
+            params = dataclasses.replace(target.params, lora=params["lora"])
         state = TrainState(
             step=tree["step"],
-            params=tree["params"],
+            params=params,
             opt_state=tree["opt_state"],
             ref_params=ref,
             rng=rng,
@@ -445,7 +457,7 @@ class Checkpointer:
             )
         abstract = {
             "step": _abstract(target.step),
-            "params": jax.tree.map(_abstract, target.params),
+            "params": self._abstract_params(step, meta, target),
             "opt_state": jax.tree.map(_abstract, target.opt_state),
         }
         target_is_key = _is_key(target.rng)
@@ -465,6 +477,25 @@ class Checkpointer:
         if has_critic:
             abstract["critic"] = jax.tree.map(_abstract, target.critic)
         return abstract, target_is_key
+
+    def _abstract_params(self, step: int, meta: dict[str, Any], target: TrainState) -> Any:
+        """The restore target of the saved parameters: all of them, or a LoRA run's adapters
+        (its base then comes from `target`, which must hold it, loaded from the source)."""
+        has_lora = bool(meta.get("has_lora", False))
+        if has_lora != (target.params.lora is not None):
+            raise CheckpointError(
+                f"checkpoint {self.step_dir(step)} (step {step}) "
+                f"{'holds' if has_lora else 'has no'} LoRA adapters but this run's policy "
+                f"{'has none' if has_lora else 'has them'}; model.lora.rank must match the run's"
+            )
+        if not meta.get("adapters_only"):
+            return jax.tree.map(_abstract, target.params)
+        if not _is_concrete(lora_lib.without_adapters(target.params)):
+            raise CheckpointError(
+                f"checkpoint {self.step_dir(step)} (step {step}) holds LoRA adapters only; the "
+                f"target needs the base weights, loaded from {meta['ref_source']!r}"
+            )
+        return {"lora": jax.tree.map(_abstract, target.params.lora)}
 
     def _resolve_step(self, step: int | None) -> int:
         steps = self.all_steps()

@@ -418,7 +418,7 @@ def run(
             else PartialSampler(sampler, s.rl.sampler.max_new_tokens, tok.pad_id),
             step=build_rl_step(step_s, model_cfg, task, sampler, enc_train, plan, tok.pad_id),
             evaluate=heldout_evaluator(model_cfg, s, task, tok, enc_eval.ids, enc_eval.examples),
-            ref_source=None if s.model.source.startswith("random:") else s.model.source,
+            ref_source=build.base_source(s.model),
         )
         result = run_stage(stage, s, workdir, log, allow_changed_settings, resume_step)
     return {

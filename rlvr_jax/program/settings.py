@@ -22,10 +22,48 @@ import ml_collections
 
 from rlvr_jax.config_types import ConfigError, from_config
 from rlvr_jax.data import curriculum as curriculum_lib
+from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.model import sharding
 from rlvr_jax.rewards.config import RewardSettings
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapters on the policy (`model/lora.py`); rank 0 trains the full model.
+
+    Attributes:
+      rank: the adapters' rank r; 0 turns LoRA off.
+      alpha: the adapters' scale is alpha / rank.
+      targets: the adapted projections, out of q, k, v, o, gate, up, down.
+      base: the frozen base's storage: "model" (`model.param_dtype`) or "int8" (one scale per
+        output channel, dequantised inside each matmul: QLoRA-style).
+    """
+
+    rank: int = 0
+    alpha: float = 16.0
+    targets: tuple[str, ...] = lora_lib.TARGETS
+    base: Literal["model", "int8"] = "model"
+
+    def __post_init__(self):
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise ValueError(f"model.lora.rank={self.rank!r} must be an integer >= 0 (0: off)")
+        if self.enabled:
+            self.config()  # names a bad alpha or target
+        elif self.base != "model":
+            raise ValueError(f"model.lora.base={self.base!r} needs LoRA on (model.lora.rank > 0)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    def config(self) -> lora_lib.LoraConfig:
+        """The adapters' `LoraConfig` (only with `enabled`)."""
+        try:
+            return lora_lib.LoraConfig(rank=self.rank, alpha=self.alpha, targets=self.targets)
+        except ValueError as e:
+            raise ValueError(str(e).replace("LoraConfig.", "model.lora.")) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +75,7 @@ class ModelSettings:
     dtype, param_dtype, remat: `ModelConfig` overrides.
     attention, attention_block: the training forwards' attention (`ModelConfig.attention`):
       "auto", "xla_blockwise", "dense", "cudnn" or "pallas", and the blockwise path's block.
+    lora: LoRA adapters (`LoraSettings`); the RL and SFT stages then train the adapters only.
     """
 
     source: str = "embedded"
@@ -46,6 +85,7 @@ class ModelSettings:
     remat: bool = False
     attention: Literal["auto", "xla_blockwise", "dense", "cudnn", "pallas"] = "auto"
     attention_block: int = 512
+    lora: LoraSettings = LoraSettings()
 
     def __post_init__(self):
         if self.attention_block < 1:
@@ -293,6 +333,12 @@ def settings_from_config(config: Any, check_devices: bool = True) -> Settings:
         raise ConfigError(
             f"rl.partial_budget={s.rl.partial_budget} with data.dynamic_sampling=True: both run "
             "rounds of rollouts per step; choose one"
+        )
+    if s.model.lora.enabled and s.rl.critic.kind == "model":
+        raise ConfigError(
+            "rl.critic.kind='model' with model.lora.rank="
+            f"{s.model.lora.rank}: a separate critic is a full decoder trained in full; with "
+            "LoRA use rl.critic.kind='head'"
         )
     if s.train.stage == "rl" and check_devices:
         check_mesh(s, jax.device_count())

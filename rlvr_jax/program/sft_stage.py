@@ -127,6 +127,7 @@ def run(
             sampler=sampler,
             step=_sft_step(s, step_fn, sampler, enc, tok.pad_id),
             evaluate=evaluate,
+            ref_source=build.base_source(s.model),
         )
         result = run_stage(stage, s, workdir, log, allow_changed_settings, resume_step)
     losses = [float(m["sft/loss"]) for m in result.step_metrics]
