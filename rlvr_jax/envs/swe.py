@@ -173,7 +173,7 @@ class SweEnv(ToolEnvironment):
         try:
             return swe_tools.repo_path(path)
         except ToolCallError:
-            self.flags["probe"] += 1
+            self.flags["probe"] += isinstance(path, str)
             raise
 
     def list_files(self, path: str = "") -> str:
