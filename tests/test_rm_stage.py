@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import reward_model_tiny
+from configs import reward_model_tiny, tiny
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data.example import Example
 from rlvr_jax.envs.learned_rewards import RewardModelTask
@@ -100,3 +100,16 @@ def test_an_rl_task_scores_with_the_trained_reward_model(rm_run):
     bad = settings_lib.settings_from_config(c)
     with pytest.raises(ConfigError, match="not a run's workdir"):
         learned_rewards.wrap_task(ZeroTask(), bad, tok, policy, cfg, mesh)
+
+
+def test_a_checkpoint_that_predates_the_new_fields_resumes_at_their_defaults():
+    s = settings_lib.settings_from_config(tiny.get_config())
+    saved = settings_lib.plain_settings(s)
+    del saved["rm"]
+    for name in ("rm_path", "rm_weight", "judge_model", "judge_template"):
+        del saved["reward"][name]
+    assert settings_lib.resume_differences(saved, s) == []
+    c = tiny.get_config()
+    c.reward.rm_weight = 2.0
+    changed = settings_lib.resume_differences(saved, settings_lib.settings_from_config(c))
+    assert changed == ["reward.rm_weight: '<absent>' in the checkpoint, 2.0 now"]

@@ -430,14 +430,19 @@ def resume_differences(saved: dict[str, Any], settings: Settings) -> list[str]:
     checkpoint recorded, as "field: saved -> now" lines (sorted).
 
     Fields the tokenizer fills at run time (`rl.sampler.eos_ids`, `pad_id`) compare as the run
-    saw them: both sides come from the same filling.
+    saw them: both sides come from the same filling. A field the checkpoint predates (absent
+    from its record) that is at its default now is not a difference: a new field's default
+    keeps what runs did before it existed.
     """
     old, new = _flatten(saved), _flatten(plain_settings(settings))
+    defaults = _flatten(json.loads(json.dumps(default_config().to_dict())))
     out = []
     for name in sorted(set(old) | set(new)):
         if name in RESUME_FREE:
             continue
         a, b = old.get(name, "<absent>"), new.get(name, "<absent>")
+        if a == "<absent>" and name in defaults and defaults[name] == b:
+            continue
         if a != b:
             out.append(f"{name}: {a!r} in the checkpoint, {b!r} now")
     return out
