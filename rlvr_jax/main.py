@@ -2,8 +2,8 @@
 
 The only place with flags and `jax.config`: it turns the config file into typed settings (every
 unknown or inconsistent field fails here, before anything compiles), then runs the stage the
-config names (`program.stages`): RL (`train.stage="rl"`, the default) or supervised fine-tuning on
-demonstrations (`train.stage="sft"`).
+config names (`program.stages`): RL (`train.stage="rl"`, the default), supervised fine-tuning on
+demonstrations (`train.stage="sft"`) or a reward model on preference pairs (`train.stage="rm"`).
 """
 
 from __future__ import annotations

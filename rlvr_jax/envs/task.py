@@ -129,6 +129,8 @@ def shape_rewards(
     weights = {"correct": 1.0}
     if reward.format != "none" and "format" in parts:
         weights["format"] = reward.format_weight
+    # Parts a learned reward adds (`envs.learned_rewards`) weigh in when they are there.
+    weights.update({k: w for k, w in reward.learned_weights().items() if k in parts})
     if reward.length_weight:
         parts["length"] = shaping.kimi_length_reward(
             lengths_N.reshape(-1, G), parts["correct"].reshape(-1, G)

@@ -37,7 +37,7 @@ from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.envs.task import MultiTurnTask, Task, host_rewards, jax_reward_fn
 from rlvr_jax.model import sharding
 from rlvr_jax.model.config import ModelConfig
-from rlvr_jax.program import build
+from rlvr_jax.program import build, learned_rewards
 from rlvr_jax.program import metrics as metrics_lib
 from rlvr_jax.program.evaluation import heldout_evaluator
 from rlvr_jax.program.run import Stage, run_stage
@@ -402,7 +402,14 @@ def run(
     plan = sharding_plan.plan_step(state, model_cfg, sharding.make_mesh(s.mesh), rows)
     state = sharding.place(state, plan.state)
     all_examples = [*enc_train.examples, *enc_eval.examples]
-    with build_task(s.reward, tok, model_cfg.vocab_size, all_examples, s.data.template) as task:
+    task = build_task(s.reward, tok, model_cfg.vocab_size, all_examples, s.data.template)
+    try:
+        # Learned parts ("preference", "judge") wrap the verifier's task: the loop sees one task.
+        task = learned_rewards.wrap_task(task, s, tok, params, model_cfg, plan.mesh, log)
+    except BaseException:
+        task.close()
+        raise
+    with task:
         # Measured at the longest prompt bucket: the most memory any step can need.
         B, G, longest = s.train.batch_prompts, s.rl.group_size, (max(s.data.buckets),)
         first = make_batch(enc_train.ids[:B], enc_train.examples[:B], G, longest, tok.pad_id, task)

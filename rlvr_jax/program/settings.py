@@ -151,12 +151,12 @@ class TrainSettings:
     log_every, eval_every, checkpoint_every: intervals in steps (0 disables periodic ones;
       evaluation also runs before the first and after the last step, a checkpoint at the end).
     keep_checkpoints: how many to keep.
-    stage: "rl" (`program.rl_stage`) or "sft" (supervised fine-tuning on demonstrations,
-      `program.sft_stage`); `program.stages.run` dispatches on it. Both stages count `steps`
-      in optimizer updates.
+    stage: "rl" (`program.rl_stage`), "sft" (supervised fine-tuning on demonstrations,
+      `program.sft_stage`) or "rm" (a reward model on preference pairs, `program.rm_stage`);
+      `program.stages.run` dispatches on it. Every stage counts `steps` in optimizer updates.
     """
 
-    stage: Literal["rl", "sft"] = "rl"
+    stage: Literal["rl", "sft", "rm"] = "rl"
     steps: int = 100
     batch_prompts: int = 8
     seed: int = 0
@@ -238,6 +238,38 @@ class SFTSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class RMSettings:
+    """Reward-model training (`train.stage="rm"`, `rewards.reward_model`, docs/reward_models.md).
+
+    Attributes:
+      path: preference pairs, a JSONL file of {"prompt", "chosen", "rejected"} objects; the
+        prompt goes through `data.template`, as the policy's prompts do. Empty: pairs from the
+        examples of `data`, the gold answer chosen over another example's
+        (`data.preferences.pairs_from_examples`).
+      num_eval: pairs held out (a seeded draw) for the pairwise accuracy before and after.
+      batch_size: pairs per optimizer update (2 x batch_size sequences).
+      epochs: passes over the training pairs; 0 runs `train.steps` updates instead.
+      buckets: padded sequence lengths (prompt + response + end token); pairs with a longer
+        side are counted and skipped.
+    """
+
+    path: str = ""
+    num_eval: int = 64
+    batch_size: int = 16
+    epochs: int = 0
+    buckets: tuple[int, ...] = (256,)
+
+    def __post_init__(self):
+        if self.batch_size < 1 or self.epochs < 0 or self.num_eval < 0:
+            raise ValueError(
+                f"rm.batch_size={self.batch_size} must be >= 1, epochs={self.epochs} and "
+                f"num_eval={self.num_eval} >= 0"
+            )
+        if not self.buckets or min(self.buckets) < 2:
+            raise ValueError(f"rm.buckets={self.buckets} must be lengths of at least 2 tokens")
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
     model: ModelSettings
     data: DataSettings
@@ -249,6 +281,7 @@ class Settings:
     curriculum: curriculum_lib.CurriculumConfig
     sft: SFTSettings = SFTSettings()
     mesh: sharding.MeshConfig = sharding.MeshConfig()
+    rm: RMSettings = RMSettings()
 
 
 _SECTIONS = {
@@ -262,6 +295,7 @@ _SECTIONS = {
     "curriculum": curriculum_lib.CurriculumConfig,
     "sft": SFTSettings,
     "mesh": sharding.MeshConfig,
+    "rm": RMSettings,
 }
 # Values for fields without a default, so that every field exists and can be overridden.
 _REQUIRED = {"group_size": 8, "max_new_tokens": 256}
@@ -442,14 +476,19 @@ def resume_differences(saved: dict[str, Any], settings: Settings) -> list[str]:
     checkpoint recorded, as "field: saved -> now" lines (sorted).
 
     Fields the tokenizer fills at run time (`rl.sampler.eos_ids`, `pad_id`) compare as the run
-    saw them: both sides come from the same filling.
+    saw them: both sides come from the same filling. A field the checkpoint predates (absent
+    from its record) that is at its default now is not a difference: a new field's default
+    keeps what runs did before it existed.
     """
     old, new = _flatten(saved), _flatten(plain_settings(settings))
+    defaults = _flatten(json.loads(json.dumps(default_config().to_dict())))
     out = []
     for name in sorted(set(old) | set(new)):
         if name in RESUME_FREE:
             continue
         a, b = old.get(name, "<absent>"), new.get(name, "<absent>")
+        if a == "<absent>" and name in defaults and defaults[name] == b:
+            continue
         if a != b:
             out.append(f"{name}: {a!r} in the checkpoint, {b!r} now")
     return out

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from rlvr_jax.program import rl_stage, sft_stage
+from rlvr_jax.program import rl_stage, rm_stage, sft_stage
 from rlvr_jax.program.settings import Settings
 
-STAGES = {"rl": rl_stage.run, "sft": sft_stage.run}
+STAGES = {"rl": rl_stage.run, "sft": sft_stage.run, "rm": rm_stage.run}
 
 
 def run(
@@ -18,7 +18,7 @@ def run(
     allow_changed_settings: bool = False,
     resume_step: int | None = None,
 ) -> dict:
-    """Runs the stage the settings name ("rl" or "sft") in `workdir`, resuming from it (see
+    """Runs the stage the settings name ("rl", "sft" or "rm") in `workdir`, resuming from it (see
     `program.run.run_stage` for what a resume may change)."""
     return STAGES[settings.train.stage](
         settings,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from rlvr_jax.rewards import judge
+
 
 @dataclasses.dataclass(frozen=True)
 class RewardSettings:
@@ -30,6 +32,22 @@ class RewardSettings:
       calls are looked at (a round ends earlier when every row has stopped); 0: all of
       `rl.sampler.max_new_tokens`.
     tool_workers: threads that run the tools of a multi-turn rollout.
+    rm_path: the workdir of a reward-model run (`train.stage="rm"`, docs/reward_models.md):
+      its newest checkpoint scores every response, as the part "preference" (empty: no
+      reward model). It must share this run's tokenizer.
+    rm_weight: the weight of the "preference" part.
+    rm_norm: how the reward model's scores become the part: "none" (as they are), "batch"
+      (whitened over the step's rows; Bradley-Terry scores have no fixed offset) or "sigmoid"
+      (squashed into (0, 1)).
+    judge_model: a generative judge that grades each response, as the part "judge": "" (none),
+      "policy" (a frozen copy of the policy's initial weights) or a `model.source` (a
+      directory, .gguf file, hub id or "random:PRESET", read with this run's tokenizer).
+    judge_template: the grading prompt; "{question}" and "{response}" are replaced.
+    judge_verdict: "yes_no" (YES is 1, NO is 0) or "score" (a number out of
+      `judge_max_score`); an answer with no verdict scores 0 and is counted.
+    judge_max_score: the top of the judge's score scale.
+    judge_weight: the weight of the "judge" part.
+    judge_tokens: new tokens the judge may write (greedy).
     """
 
     verifier: Literal["arithmetic", "math", "countdown", "code_tests", "math_tool", "swe"] = (
@@ -44,6 +62,15 @@ class RewardSettings:
     max_turns: int = 4
     turn_tokens: int = 0
     tool_workers: int = 8
+    rm_path: str = ""
+    rm_weight: float = 1.0
+    rm_norm: Literal["none", "batch", "sigmoid"] = "none"
+    judge_model: str = ""
+    judge_template: str = judge.DEFAULT_TEMPLATE
+    judge_verdict: Literal["yes_no", "score"] = "yes_no"
+    judge_max_score: float = 10.0
+    judge_weight: float = 1.0
+    judge_tokens: int = 8
 
     def __post_init__(self):
         if self.verifier != "arithmetic" and self.format == "number":
@@ -61,3 +88,20 @@ class RewardSettings:
             raise ValueError(
                 f"reward.workers={self.workers} must be >= 1 and deadline_s={self.deadline_s} > 0"
             )
+        if self.rm_norm not in ("none", "batch", "sigmoid"):
+            raise ValueError(f"reward.rm_norm={self.rm_norm!r}; expected none, batch or sigmoid")
+        if self.judge_verdict not in judge.VERDICTS:
+            raise ValueError(
+                f"reward.judge_verdict={self.judge_verdict!r}; expected one of {judge.VERDICTS}"
+            )
+        if self.judge_model:
+            judge.check_template(self.judge_template)
+        if self.judge_tokens < 1 or not self.judge_max_score > 0:
+            raise ValueError(
+                f"reward.judge_tokens={self.judge_tokens} must be >= 1 and judge_max_score="
+                f"{self.judge_max_score} > 0"
+            )
+
+    def learned_weights(self) -> dict[str, float]:
+        """The weights of the parts that learned rewards add ("preference", "judge")."""
+        return {"preference": self.rm_weight, "judge": self.judge_weight}

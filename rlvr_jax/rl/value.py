@@ -24,12 +24,16 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from rlvr_jax.model.heads import ScalarHead, apply_scalar_head, init_scalar_head
 from rlvr_jax.model.transformer import Params
 
 Array = jax.Array
 
 CriticKind = Literal["none", "head", "model"]
 CRITIC_KINDS: tuple[str, ...] = ("none", "head", "model")
+
+# `V = h . w + b` on a final-norm hidden state, in f32 (shared with the reward model).
+ValueHead = ScalarHead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,15 +95,6 @@ class CriticConfig:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class ValueHead:
-    """`V = h . w + b` on a final-norm hidden state, in f32."""
-
-    w_D: Array  # (D,) f32
-    b: Array  # () f32
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
 class CriticParams:
     """The value model's trainable weights: the head, and a separate critic's decoder (None with
     kind="head"; its `lm_head` is dropped, the values never read logits)."""
@@ -110,7 +105,7 @@ class CriticParams:
 
 def init_head(embed_dim: int) -> ValueHead:
     """A zero head: every value starts at 0, the return's scale is learnt from the first batch."""
-    return ValueHead(jnp.zeros((embed_dim,), jnp.float32), jnp.zeros((), jnp.float32))
+    return init_scalar_head(embed_dim)
 
 
 def init_critic(cfg: CriticConfig, policy: Params, backbone: Params | None = None) -> CriticParams:
@@ -135,7 +130,7 @@ def init_critic(cfg: CriticConfig, policy: Params, backbone: Params | None = Non
 
 def head_values(head: ValueHead, h_NTD: Array) -> Array:
     """(N, T) f32 values of final-norm hidden states."""
-    return jnp.einsum("ntd,d->nt", h_NTD.astype(jnp.float32), head.w_D) + head.b
+    return apply_scalar_head(head, h_NTD)
 
 
 def value_loss(
