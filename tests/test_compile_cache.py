@@ -71,3 +71,23 @@ def test_a_long_compilation_says_so_and_a_short_one_does_not():
     assert len(lines) == 2
     assert [p.name for p in quiet.programs] == ["jit(small)"]
     assert quiet.metrics()["startup/programs_compiled"] == 1
+
+
+def test_the_fused_step_compiles_once_ahead_of_the_loop(tmp_path):
+    """The run compiles the step on a thread during the evaluation before training; the first
+    step then finds the executable: one compilation of jit(step) in the whole run."""
+    from configs import tiny
+    from rlvr_jax.program import rl_stage
+    from rlvr_jax.program import settings as settings_lib
+
+    c = tiny.get_config()
+    c.data.num_train = 32
+    c.data.num_eval = 8
+    c.eval.batch_prompts = 8
+    c.train.batch_prompts = 4
+    c.train.steps = 2
+    c.train.use_tensorboard = False
+    steps = lambda: [p for p in compilation.COMPILES.programs if p.name == "jit(step)"]  # noqa: E731
+    before = len(steps())
+    rl_stage.run(settings_lib.settings_from_config(c), tmp_path, log=lambda _: None)
+    assert len(steps()) - before == 1

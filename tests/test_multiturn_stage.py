@@ -82,7 +82,7 @@ def test_a_multi_turn_step_trains_on_episodes():
     with Task(tok, s.reward, system="Tools.") as task:
         task.stop_sequences = tuple((i,) for i in tok.encode(STOPS))
         task.response_format = ToolResponseFormat("[", "]")  # room for turns in 16 tokens
-        step = rl_stage.build_rl_step(s, model_cfg, task, sampler, encoded, plan, tok.pad_id)
+        step, _ = rl_stage.build_rl_step(s, model_cfg, task, sampler, encoded, plan, tok.pad_id)
         data = sampler.init(0)
         for _ in range(2):
             state, data, metrics = step(state, data)

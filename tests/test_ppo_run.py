@@ -5,8 +5,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from configs import tiny
+from rlvr_jax.config_types import ConfigError
 from rlvr_jax.program import build, rl_stage
 from rlvr_jax.program import settings as settings_lib
 
@@ -54,3 +56,22 @@ def test_ppo_run_trains_the_critic_and_resumes_to_the_same_numbers(tmp_path):
     # eval and export read the policy of a run whose checkpoints also hold the critic.
     params, *_, step = build.restore_policy(tmp_path / "resumed")
     assert step == 3 and params.layers.q.shape[0] == 2
+
+    # Another run's critic can start from this run's trained policy (rl.critic.init=<workdir>).
+    config = _config(1)
+    config.rl.critic.init = str(tmp_path / "resumed")
+    s = settings_lib.settings_from_config(config)
+    fresh, _ = build.load_policy(s.model, build.build_tokenizer(s.model), s.train.seed)
+    critic = build.critic_state(s, fresh).params
+    assert critic.backbone.lm_head is None
+    np.testing.assert_array_equal(critic.backbone.layers.q, params.layers.q)
+    assert not np.array_equal(critic.backbone.layers.q, fresh.layers.q)
+    config.rl.critic.init = str(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="neither 'policy' nor a run's workdir"):
+        build.critic_state(settings_lib.settings_from_config(config), fresh)
+    config.rl.critic.init = str(tmp_path / "resumed")
+    config.model.param_dtype = "bfloat16"  # weights the checkpoint's do not fit
+    other = settings_lib.settings_from_config(config)
+    half, _ = build.load_policy(other.model, build.build_tokenizer(other.model), 0)
+    with pytest.raises(ConfigError, match="do not have this policy's architecture"):
+        build.critic_state(other, half)

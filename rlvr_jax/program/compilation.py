@@ -12,6 +12,11 @@ the time to the first step into the metrics ledger's "startup" record. With noti
 commands), a compilation still running after `NOTICE_AFTER_SECONDS` says so on stderr
 ("compiling jit(step) ..."), and how long it took once done, so a long compile does not look
 like a hang.
+
+`in_background(fn)` runs an ahead-of-time compilation (`jit(f).lower(...).compile()`) on a
+thread: jax keeps the executable for the jitted function's next call with the same shapes and
+shardings, so the run skeleton compiles the training step while the held-out evaluation before
+training compiles and runs its own programs.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 
@@ -174,6 +180,31 @@ class CompileLog:
         if m["startup/programs_from_cache"]:
             line += f" in {m['startup/seconds_from_cache']:.1f} s" + names(True)
         return line
+
+
+def in_background(
+    fn: Callable[[], Any], what: str, log: Callable[[str], None] = print
+) -> Callable[[], None]:
+    """Starts `fn()` (ahead-of-time compilation) on a daemon thread; returns a function that
+    waits for it. A failure is logged, not raised: the program then compiles at its first call,
+    which raises the error where the run can report it."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - reported by wait(), raised again by the call
+            errors.append(e)
+
+    thread = threading.Thread(target=target, name=f"compile {what}", daemon=True)
+    thread.start()
+
+    def wait() -> None:
+        thread.join()
+        if errors:
+            log(f"compiling {what} ahead of the loop failed ({errors[0]!r}); its call compiles it")
+
+    return wait
 
 
 # The process's log: entry scripts install it first thing, so that its clock starts with them.

@@ -132,9 +132,17 @@ def build_rl_step(
     encoded: templates.EncodedPrompts,
     plan: sharding_plan.StepShardings,
     pad_id: int,
-) -> Callable[[TrainState, Any], tuple[TrainState, Any, dict[str, Any]]]:
+) -> tuple[
+    Callable[[TrainState, Any], tuple[TrainState, Any, dict[str, Any]]],
+    Callable[[TrainState], None] | None,
+]:
     """One RL step `(state, sampler_state) -> (state, sampler_state, host metrics)`, with its
-    programs jitted here, once."""
+    programs jitted here, once; and for a fused step, a function that compiles it ahead of its
+    first call (`run.Stage.precompile`), else None.
+
+    Returns:
+      (step, precompile or None).
+    """
     G, B = s.rl.group_size, s.train.batch_prompts
     optimizer = state_lib.make_optimizer(s.optim)
     schedule = state_lib.learning_rate_schedule(s.optim)
@@ -230,7 +238,33 @@ def build_rl_step(
             return state, dataclasses.replace(data_state, inner=sampler_state), metrics
         return state, sampler_state, metrics
 
-    return step
+    precompile = None
+    if fused:
+        precompile = _precompile(step_fn, s, task, encoded, plan, pad_id)
+    return step, precompile
+
+
+def _precompile(
+    step_fn: Callable,
+    s: Settings,
+    task: Task,
+    encoded: templates.EncodedPrompts,
+    plan: sharding_plan.StepShardings,
+    pad_id: int,
+) -> Callable[[TrainState], None]:
+    """Compiles the fused step `step_fn` for every prompt bucket, on batches of the real ones'
+    shapes and shardings (a one-token prompt padded to the bucket). jax keeps the executable
+    with the jitted function, so the step's calls then compile nothing."""
+    B, G = s.train.batch_prompts, s.rl.group_size
+    chosen = encoded.examples[:B]
+    ids = [encoded.ids[0][:1]] * len(chosen)
+
+    def precompile(state: TrainState) -> None:
+        for bucket in sorted(s.data.buckets):
+            batch = make_batch(ids, chosen, G, (bucket,), pad_id, task)
+            step_fn.lower(state, sharding.place(batch, plan.rows)).compile()
+
+    return precompile
 
 
 def build_partial_batch(
@@ -416,6 +450,9 @@ def run(
         step_s = resolve_microbatches(
             s, model_cfg, task, state, sharding.place(first, plan.rows), plan, log
         )
+        step, precompile = build_rl_step(
+            step_s, model_cfg, task, sampler, enc_train, plan, tok.pad_id
+        )
         stage = Stage(
             name="RL",
             steps=s.train.steps,
@@ -423,9 +460,10 @@ def run(
             sampler=sampler
             if not s.rl.partial_budget
             else PartialSampler(sampler, s.rl.sampler.max_new_tokens, tok.pad_id),
-            step=build_rl_step(step_s, model_cfg, task, sampler, enc_train, plan, tok.pad_id),
+            step=step,
             evaluate=heldout_evaluator(model_cfg, s, task, tok, enc_eval.ids, enc_eval.examples),
             ref_source=build.base_source(s.model),
+            precompile=precompile,
         )
         result = run_stage(stage, s, workdir, log, allow_changed_settings, resume_step)
     return {

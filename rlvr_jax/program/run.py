@@ -66,6 +66,8 @@ class Stage:
       step: one training step.
       evaluate: held-out evaluation of the policy, or None.
       ref_source: where the reference parameters can be rebuilt from (not saved then).
+      precompile: compiles the step's programs for a state (`jit(...).lower(...).compile()`);
+        run on a thread while the evaluation before training runs, or None.
     """
 
     name: str
@@ -75,6 +77,7 @@ class Stage:
     step: StepFn
     evaluate: Evaluate | None = None
     ref_source: str | None = None
+    precompile: Callable[[TrainState], None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +218,12 @@ def run_stage(
             checkpointer, stage, settings, workdir, allow_changed_settings, resume_step, log
         )
         data_state = stage.sampler.init(settings.data.seed)
+        compiled = lambda: None  # noqa: E731
+        if stage.precompile is not None and start_step < stage.steps:
+            ahead = stage.precompile
+            compiled = compilation.in_background(
+                lambda: ahead(state), f"the {stage.name} step", log
+            )
         eval_before = None
         if host is not None:
             data_state = stage.sampler.load_state_dict(curriculum_lib.state_from_json(host["data"]))
@@ -225,6 +234,7 @@ def run_stage(
         if eval_before is not None:
             log(f"held-out accuracy before {stage.name}: {eval_before['eval/accuracy']:.3f}")
 
+        compiled()
         guard.install()
         step, history = start_step, []
         saved_settings = plain_settings(settings)
