@@ -18,7 +18,12 @@ from 8 samples at temperature 1, length, truncation, format and language-consist
 
 Output: /tmp/r1_tiny/pipeline.md (the table, also printed), pipeline.png, and one workdir per
 stage (`1_sft_cold/`, `2_rl/`, `3_rs_sft/`, `baseline_sft_cold/`); a rerun skips finished stages
-and resumes a partly trained one. Measured figures: docs/pipelines.md.
+and resumes a partly trained one.
+
+Expected result (measured on a 2-core CPU shared with other jobs, 2026-12-01; the whole table is
+in docs/pipelines.md): greedy held-out accuracy 0.000 (start) -> 0.453 (sft_cold) -> 0.516 (rl)
+-> 0.625 (rs_sft), pass@8 0.953 at the end; the 130-step SFT-only baseline 0.719 greedy, 0.859
+pass@8. 7 min 7 s with an empty compile cache, 39 s with a warm one.
 """
 
 import ml_collections
