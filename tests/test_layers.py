@@ -18,7 +18,7 @@ LAYERS = (
     ("rlvr_jax.rl", "rlvr_jax.sft"),
     ("rlvr_jax.program",),
 )
-ENTRY_POINTS = ("main", "eval", "export", "ablate", "report", "filter")
+ENTRY_POINTS = ("main", "eval", "export", "ablate", "report", "filter", "pipeline")
 
 
 def _module_name(path: Path) -> str:

@@ -42,6 +42,8 @@ class Demonstration:
       response: the text the model learns to produce after the templated prompt.
       answer: the gold answer when the row has one ("" otherwise); not used by the loss.
       source: the row's "source" field, or "sft".
+      thinking: the chat template's `enable_thinking` for this row (the row's boolean
+        "enable_thinking" field), overriding the prompt template's; None keeps the template's.
     """
 
     id: str
@@ -49,6 +51,7 @@ class Demonstration:
     response: str
     answer: str = ""
     source: str = "sft"
+    thinking: bool | None = None
 
 
 def _demonstration(
@@ -71,12 +74,16 @@ def _demonstration(
         )
     answer = row.get("answer", "")
     row_id = row.get("id")
+    thinking = row.get("enable_thinking")
+    if thinking is not None and not isinstance(thinking, bool):
+        raise MalformedRowError("bad_field", f"enable_thinking={thinking!r} is not a boolean")
     return Demonstration(
         id=row_id if isinstance(row_id, str) and row_id else f"{stem}/{index}",
         prompt=prompt.strip(),
         response=response,
         answer=str(answer).strip() if isinstance(answer, str | int | float) else "",
         source=row["source"] if isinstance(row.get("source"), str) else "sft",
+        thinking=thinking,
     )
 
 
@@ -166,7 +173,9 @@ def encode_demonstrations(
     """Templated prompt ids, then response ids and the tokenizer's first end id.
 
     Prompt and response are tokenized apart, as the sampler sees them: the prompt ids are the
-    RL stage's (`templates.encode_prompts`), the response ids what it would generate.
+    RL stage's (`templates.encode_prompts`), the response ids what it would generate. A
+    demonstration with `thinking` set renders its prompt with that `enable_thinking` (a chat
+    template is then required).
 
     Raises:
       ValueError: when no demonstration fits in `max_len`.
@@ -174,7 +183,10 @@ def encode_demonstrations(
     end_id = tokenizer.eos_ids[0]
     ids, prompt_lengths, kept, too_long = [], [], [], []
     for d in demos:
-        prompt = tokenizer.encode(templates.render(d.prompt, template, tokenizer))
+        row_template = template
+        if d.thinking is not None and d.thinking != template.thinking:
+            row_template = dataclasses.replace(template, thinking=d.thinking)
+        prompt = tokenizer.encode(templates.render(d.prompt, row_template, tokenizer))
         seq = [*prompt, *tokenizer.encode(d.response), end_id]
         if len(seq) > max_len:
             too_long.append(d.id)

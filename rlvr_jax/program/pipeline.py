@@ -1,0 +1,308 @@
+"""Recipes as pipelines: ordered stages, each from the previous one's weights, evaluated after each.
+
+The config is a training config (`settings.default_config()`, the base every stage starts from)
+plus a `pipeline` section:
+  stages: a list of {"name": str, "overrides": {dotted field: value}, "rejection_samples": int},
+    in order. Each stage's config is the base with its overrides (a misspelt field fails before
+    anything trains), its `model.source` the previous stage's exported weights (the first stage
+    keeps the base's). `rejection_samples` > 0 makes an SFT stage rejection-sampled: before it
+    trains, that many answers per training prompt are sampled from its starting weights and the
+    verified ones become its demonstrations (`program.rejection`).
+  baseline: "" (none) or a stage's name: the equal-compute branch, that stage's config alone
+    for as many steps as the whole pipeline took, from the starting model (attribution: did the
+    sequence of stages beat spending the same steps on one of them?).
+  eval_samples, eval_ks: the suite's n samples per prompt and the k of pass@k (0: greedy only).
+  eval_temperature: the temperature of those samples.
+
+Every stage is an ordinary stage workdir, `<workdir>/<index>_<name>/` (checkpoints, ledger,
+settings), which ends with `hf/` (its weights, the next stage's `model.source`) and
+`stage.json` (its steps and evaluation). A rerun skips the stages with a `stage.json` and
+resumes a partly trained one from its newest checkpoint (`stages.run`). The starting model's
+evaluation is `<workdir>/0_start/stage.json`; the baseline runs in `<workdir>/baseline_<name>/`.
+At the end: `<workdir>/pipeline.md` (the stage x metric table, `pipeline_eval`), `pipeline.json`
+and `pipeline.png`.
+
+Host code: orchestration of the stages; the command line is `rlvr_jax.pipeline`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+
+from rlvr_jax.config_types import ConfigError
+from rlvr_jax.model import hf
+from rlvr_jax.program import build, pipeline_eval, rejection, stages
+from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.ablation import override
+from rlvr_jax.program.evaluation import EvalOptions
+
+EXPORT = "hf"
+DONE = "stage.json"
+START = "0_start"
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineStage:
+    """One stage of a pipeline.
+
+    Attributes:
+      name: its label and workdir suffix (letters, digits, "_" and "-").
+      overrides: (dotted field, value) pairs applied to the base config.
+      rejection_samples: answers sampled per training prompt for a rejection-sampled SFT stage
+        (0: the stage's demonstrations are its config's).
+    """
+
+    name: str
+    overrides: tuple[tuple[str, Any], ...] = ()
+    rejection_samples: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSettings:
+    """The `pipeline` section, parsed (see the module docstring)."""
+
+    stages: tuple[PipelineStage, ...]
+    baseline: str = ""
+    eval_samples: int = 0
+    eval_ks: tuple[int, ...] = (1,)
+    eval_temperature: float = 1.0
+
+    def __post_init__(self):
+        names = [s.name for s in self.stages]
+        if not names:
+            raise ConfigError("pipeline.stages is empty")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"pipeline.stages: names {names} repeat")
+        for n in names:
+            if not n or not n.replace("_", "").replace("-", "").isalnum():
+                raise ConfigError(f"pipeline.stages: name {n!r} is not a plain word")
+        if self.baseline and self.baseline not in names:
+            raise ConfigError(f"pipeline.baseline={self.baseline!r} names no stage of {names}")
+        if any(s.rejection_samples < 0 for s in self.stages) or self.eval_samples < 0:
+            raise ConfigError("pipeline: rejection_samples and eval_samples must be >= 0")
+
+    def eval_options(self, batch_prompts: int) -> EvalOptions:
+        """The suite's options: n samples at `eval_temperature`, pass@k for each k."""
+        return EvalOptions(
+            num_samples=self.eval_samples,
+            ks=self.eval_ks,
+            temperature=self.eval_temperature,
+            batch_prompts=batch_prompts,
+        )
+
+
+_STAGE_KEYS = {"name", "overrides", "rejection_samples"}
+_KEYS = {"stages", "baseline", "eval_samples", "eval_ks", "eval_temperature"}
+
+
+def _stage(i: int, raw: Any) -> PipelineStage:
+    raw = raw.to_dict() if hasattr(raw, "to_dict") else dict(raw)
+    unknown = sorted(set(raw) - _STAGE_KEYS)
+    if unknown:
+        raise ConfigError(f"pipeline.stages[{i}]: unknown key {unknown[0]!r}")
+    overrides = raw.get("overrides") or {}
+    overrides = overrides.to_dict() if hasattr(overrides, "to_dict") else dict(overrides)
+    return PipelineStage(
+        name=str(raw.get("name", "")),
+        overrides=tuple(overrides.items()),
+        rejection_samples=int(raw.get("rejection_samples", 0)),
+    )
+
+
+def split_config(config: Any) -> tuple[PipelineSettings, ml_collections.ConfigDict]:
+    """The pipeline settings and the base training config (the config without `pipeline`)."""
+    base = ml_collections.ConfigDict(config.to_dict() if hasattr(config, "to_dict") else config)
+    if "pipeline" not in base:
+        raise ConfigError("the config has no 'pipeline' section (see configs/pipelines/)")
+    section = base.pipeline
+    del base["pipeline"]
+    unknown = sorted(set(section.keys()) - _KEYS)
+    if unknown:
+        raise ConfigError(f"unknown setting pipeline.{unknown[0]}; known: {sorted(_KEYS)}")
+    ks = section.get("eval_ks", "1")
+    ks = ks.split(",") if isinstance(ks, str) else ks
+    settings = PipelineSettings(
+        stages=tuple(_stage(i, s) for i, s in enumerate(section.get("stages", ()))),
+        baseline=str(section.get("baseline", "")),
+        eval_samples=int(section.get("eval_samples", 0)),
+        eval_ks=tuple(int(k) for k in ks if str(k).strip()),
+        eval_temperature=float(section.get("eval_temperature", 1.0)),
+    )
+    return settings, base
+
+
+def stage_config(
+    base: ml_collections.ConfigDict, stage: PipelineStage, source: str
+) -> ml_collections.ConfigDict:
+    """The training config of one stage: the base, its overrides, then `source` as its weights
+    (the stage exports them at the end: `sft.export` is set)."""
+    c = copy.deepcopy(base)
+    for dotted, value in stage.overrides:
+        override(c, dotted, value)
+    c.model.source = source
+    c.sft.export = True
+    return c
+
+
+def stage_dir(workdir: Path, index: int, stage: PipelineStage) -> Path:
+    """`<workdir>/<index>_<name>`, stages counted from 1 (0 is the starting model)."""
+    return workdir / f"{index}_{stage.name}"
+
+
+def export_policy(run_dir: Path) -> Path:
+    """Writes `<run_dir>/hf` from the run's newest checkpoint (the SFT stage exports itself),
+    replacing an older export."""
+    out = run_dir / EXPORT
+    params, cfg, tok, _, _ = build.restore_policy(run_dir)
+    if jax.process_index() == 0:
+        hf.save_hf(params, cfg, out, tokenizer=tok, overwrite=True)
+    return out
+
+
+def _read_done(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / DONE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _write_done(run_dir: Path, record: Mapping[str, Any]) -> dict[str, Any]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / (DONE + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=float))
+    tmp.replace(run_dir / DONE)
+    return dict(record)
+
+
+class StageStoppedError(RuntimeError):
+    """A stage stopped before its last step (a termination signal): rerun to resume it."""
+
+
+def run_one_stage(
+    config: ml_collections.ConfigDict,
+    stage: PipelineStage,
+    run_dir: Path,
+    label: str,
+    evaluate: Callable[[str], dict[str, float]],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Trains one stage in `run_dir` (or reads its `stage.json`), exports it and evaluates it.
+
+    Returns:
+      {"stage": label, "steps", "source" (its exported weights), "started_from", "eval",
+      "seconds"}.
+
+    Raises:
+      StageStoppedError: the stage stopped early; its checkpoint is saved and a rerun resumes it.
+    """
+    done = _read_done(run_dir)
+    if done is not None:
+        log(f"{label}: done ({done['steps']} steps), skipped")
+        return done
+    start = time.time()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if stage.rejection_samples:
+        demos = run_dir / "rejection.jsonl"
+        if not demos.is_file():
+            settings = settings_lib.settings_from_config(config)
+            rejection.sample_demonstrations(settings, stage.rejection_samples, demos, log=log)
+        config.sft.path = str(demos)
+    settings = settings_lib.settings_from_config(config)
+    out = stages.run(settings, run_dir, log=log)
+    # An SFT stage exports its weights only once it reached its last step.
+    if out["export"] is None if "export" in out else out["steps"] < settings.train.steps:
+        raise StageStoppedError(f"{label} stopped at step {out['steps']}; rerun to resume it")
+    source = out.get("export") or export_policy(run_dir)
+    record = {
+        "stage": label,
+        "steps": int(out["steps"]),
+        "source": str(source),
+        "started_from": settings.model.source,
+        "eval": evaluate(str(source)),
+        "seconds": time.time() - start,
+    }
+    accuracy = record["eval"][pipeline_eval.ACCURACY]
+    log(f"{label}: {record['steps']} steps, {pipeline_eval.ACCURACY} {accuracy:.3f}")
+    return _write_done(run_dir, record)
+
+
+def _check_stages(base: ml_collections.ConfigDict, ps: PipelineSettings) -> None:
+    """Fails on a bad override or setting of any stage before anything trains."""
+    for stage in ps.stages:
+        settings_lib.settings_from_config(stage_config(base, stage, base.model.source))
+
+
+def run_pipeline(
+    config: Any, workdir: str | Path, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Runs (or resumes) every stage and the baseline branch, then writes the table and plot.
+
+    Args:
+      config: a training config with a `pipeline` section (see `configs/pipelines/`).
+      workdir: a local directory for the stages, the table and the plot.
+      log: receives progress lines and, at the end, the table.
+
+    Returns:
+      {"rows": the pipeline's rows (stage 0 first), "baselines": the baseline rows, "table":
+      the Markdown, "plot": the PNG path, "seconds": this call's wall time}.
+
+    Raises:
+      StageStoppedError: a stage stopped early (a termination signal); a rerun resumes it.
+    """
+    start_time = time.time()
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ps, base = split_config(config)
+    _check_stages(base, ps)
+    eval_settings = settings_lib.settings_from_config(base)
+    options = ps.eval_options(eval_settings.eval.batch_prompts)
+
+    def evaluate(source: str) -> dict[str, float]:
+        return pipeline_eval.evaluate_source(source, eval_settings, options, log=lambda _: None)
+
+    first = str(base.model.source)
+    start = _read_done(workdir / START)
+    if start is None:
+        record = {"stage": START, "steps": 0, "source": first, "started_from": None}
+        start = _write_done(workdir / START, {**record, "eval": evaluate(first)})
+    rows, source = [start], first
+    for i, stage in enumerate(ps.stages, start=1):
+        run_dir = stage_dir(workdir, i, stage)
+        config_i = stage_config(base, stage, source)
+        rows.append(run_one_stage(config_i, stage, run_dir, run_dir.name, evaluate, log))
+        source = rows[-1]["source"]
+
+    baselines = []
+    if ps.baseline:
+        stage = next(s for s in ps.stages if s.name == ps.baseline)
+        total = sum(r["steps"] for r in rows)
+        c = stage_config(base, stage, first)
+        c.train.steps = total
+        c.sft.epochs = 0  # the step count is the budget
+        label = f"baseline_{stage.name}"
+        baselines.append(run_one_stage(c, stage, workdir / label, label, evaluate, log))
+
+    table_rows = [
+        {**r, "from": None if i == 0 else rows[i - 1]["stage"]} for i, r in enumerate(rows)
+    ] + [{**b, "from": START} for b in baselines]
+    table = pipeline_eval.markdown_table(table_rows)
+    (workdir / "pipeline.md").write_text(table)
+    (workdir / "pipeline.json").write_text(
+        json.dumps({"rows": rows, "baselines": baselines}, indent=1, default=float)
+    )
+    plot = pipeline_eval.plot_stages(rows, baselines, workdir / "pipeline.png")
+    log(table)
+    return {
+        "rows": rows,
+        "baselines": baselines,
+        "table": table,
+        "plot": plot,
+        "seconds": time.time() - start_time,
+    }
