@@ -18,6 +18,12 @@ imports, `load_tokenizer("embedded")`, then `load_model("embedded")` (weights on
 with the weight cache off, cold (an empty cache directory, which the load fills) and warm.
 
   python benchmarks/startup.py --configs= --load_repeats=5   # the loading table only
+
+`--ahead` compares, cold, compiling the step ahead of the loop on a thread during the evaluation
+before training (`train.compile_ahead=True`, the default) with compiling it at its first call
+(False), alternating launches:
+
+  python benchmarks/startup.py --configs=tiny --load_repeats=0 --ahead
 """
 
 from __future__ import annotations
@@ -94,12 +100,12 @@ def load_table(repeats: int) -> None:
     print()
 
 
-def launch(config: str, workdir: Path, cache: Path, weights: Path) -> dict:
-    """One launch; its startup record."""
+def launch(config: str, workdir: Path, cache: Path, weights: Path, *extra: str) -> dict:
+    """One launch (`extra`: more flags); its startup record."""
     cmd = [
         sys.executable, "-m", "rlvr_jax.main", f"--config={config}", f"--workdir={workdir}",
         f"--compile_cache={cache}", "--config.train.steps=1",
-        "--config.train.use_tensorboard=False",
+        "--config.train.use_tensorboard=False", *extra,
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(weights), capture_output=True, text=True)
     if proc.returncode:
@@ -108,12 +114,36 @@ def launch(config: str, workdir: Path, cache: Path, weights: Path) -> dict:
     return next(r for r in records if r["record"] == "startup")
 
 
+def ahead_table(configs: str, repeats: int) -> None:
+    """Cold launches with the step compiled ahead of the loop and without, alternating."""
+    rows = []
+    for name in filter(None, configs.split(",")):
+        runs = {True: [], False: []}
+        for i in range(repeats):
+            for ahead in (True, False):
+                with tempfile.TemporaryDirectory() as tmp:
+                    flag = f"--config.train.compile_ahead={ahead}"
+                    r = launch(CONFIGS[name], Path(tmp) / "run", Path(tmp) / "c", Path(tmp), flag)
+                runs[ahead].append(r["startup/seconds"])
+                print(f"{name} ahead={ahead} {i}: first step after {runs[ahead][-1]:.1f} s")
+        rows.append((name, *(statistics.median(runs[a]) for a in (True, False))))
+    print(f"\nmedians of {repeats} cold launches each way\n")
+    print("| config | ahead: first step s | at first call: first step s | ahead / at call |")
+    print("|---|---:|---:|---:|")
+    for name, on, off in rows:
+        print(f"| {name} | {on:.1f} | {off:.1f} | {on / off:.2f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="tiny,demo", help=f"of {sorted(CONFIGS)}")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--load_repeats", type=int, default=3, help="0 skips the loading table")
+    ap.add_argument("--ahead", action="store_true", help="the compile-ahead table only")
     args = ap.parse_args()
+    if args.ahead:
+        ahead_table(args.configs, args.repeats)
+        return
     if args.load_repeats:
         load_table(args.load_repeats)
     rows = []

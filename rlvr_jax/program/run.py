@@ -219,7 +219,8 @@ def run_stage(
         )
         data_state = stage.sampler.init(settings.data.seed)
         compiled = lambda: None  # noqa: E731
-        if stage.precompile is not None and start_step < stage.steps:
+        ahead = settings.train.compile_ahead and start_step < stage.steps
+        if stage.precompile is not None and ahead:
             ahead = stage.precompile
             compiled = compilation.in_background(
                 lambda: ahead(state), f"the {stage.name} step", log

@@ -154,6 +154,8 @@ class TrainSettings:
     stage: "rl" (`program.rl_stage`), "sft" (supervised fine-tuning on demonstrations,
       `program.sft_stage`) or "rm" (a reward model on preference pairs, `program.rm_stage`);
       `program.stages.run` dispatches on it. Every stage counts `steps` in optimizer updates.
+    compile_ahead: compile the training step on a thread while the evaluation before training
+      runs (`run.Stage.precompile`; the fused RL step), instead of at its first call.
     """
 
     stage: Literal["rl", "sft", "rm"] = "rl"
@@ -165,6 +167,7 @@ class TrainSettings:
     checkpoint_every: int = 0
     keep_checkpoints: int = 2
     use_tensorboard: bool = True
+    compile_ahead: bool = True
 
     def __post_init__(self):
         if self.steps < 0:
@@ -440,6 +443,7 @@ RESUME_FREE = frozenset(
         "train.checkpoint_every",
         "train.keep_checkpoints",
         "train.use_tensorboard",
+        "train.compile_ahead",
         "eval.batch_prompts",
         "reward.workers",
         "reward.deadline_s",
