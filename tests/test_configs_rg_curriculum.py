@@ -29,3 +29,17 @@ def test_the_variants_differ_only_in_the_sampler_and_share_levelled_data():
     assert (len(train), len(evals)) == (1536, 96)
     levels = collections.Counter((e.source, e.difficulty) for e in train + evals)
     assert len(levels) == len(rg_curriculum.TASKS) * 3
+
+
+@pytest.mark.parametrize("arg", ["tiny", "qwen"])
+def test_the_other_settings_build(arg):
+    section, base = ablation.split_config(rg_curriculum.get_config(arg))
+    for v in section.variants:
+        config = ablation.variant_config(base, v, 0, section)
+        settings_lib.settings_from_config(config, check_devices=False)
+    if arg == "tiny":
+        assert section.warm_start_steps > 0
+        settings = settings_lib.settings_from_config(base, check_devices=False)
+        train, evals, _ = build.load_examples(settings.data)
+        used = {c for e in train + evals for c in e.prompt_text + e.answer + "\n"}
+        assert used <= set(rg_curriculum.TINY_ALPHABET)  # the character tokenizer covers them
