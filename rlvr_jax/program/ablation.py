@@ -50,6 +50,7 @@ BASE: dict[str, Any] = {
     "rl.critic.kind": "none",
     "reward.length_weight": 0.0,
     "data.sampler": "epoch",
+    "curriculum.ordered": False,
 }
 KIMI = "kimi_length"  # its length weight comes from the ablation section
 
@@ -75,6 +76,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "no_std_curriculum": (
         "GRPO without std + success-rate curriculum",
         {"rl.advantage.std_scaling": "none", "data.sampler": "curriculum"},
+    ),
+    "difficulty_curriculum": (
+        "GRPO + easy-to-hard curriculum over the difficulty levels",
+        {"data.sampler": "curriculum", "curriculum.ordered": True},
     ),
     "expert_iteration": (
         "expert iteration: SFT on verified samples (same sampling budget)",

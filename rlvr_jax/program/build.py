@@ -233,7 +233,9 @@ def load_examples(data: DataSettings) -> tuple[list[Example], list[Example], lis
     notes = []
     common = dict(
         seed=data.seed,
-        level=data.level,
+        level=data.levels or data.level,
+        weights=data.weights,
+        task_config=data.task_config,
         exclude_multiple_choice=data.exclude_multiple_choice,
         exclude_true_false=data.exclude_true_false,
     )

@@ -84,14 +84,16 @@ def load_named(
     """
     out: list[Example] = []
     for spec in specs:
-        name, _, path = spec.partition(":")
+        name, path = datasets.parse_spec(spec)
         examples, report = datasets.load(
             name,
             path or data_path or None,
             split,
             num=num or None,
             seed=data.seed,
-            level=data.level,
+            level=data.levels or data.level,
+            weights=data.weights if name == data.name else (),
+            task_config=data.task_config if name == data.name else "",
             exclude_multiple_choice=data.exclude_multiple_choice,
             exclude_true_false=data.exclude_true_false,
         )
@@ -228,11 +230,32 @@ def episodes_and_score(
     return tuple(np.concatenate(parts) for parts in zip(*out, strict=True))
 
 
+def breakdowns(examples: Sequence[Example]) -> list[list[str]]:
+    """The groupings a table reports, one label per prompt each: by source, and by source and
+    difficulty ("rg:leg_counting/level2") where a source holds several difficulties."""
+    sources = [ex.source for ex in examples]
+    levels: dict[str, set] = {}
+    for ex in examples:
+        levels.setdefault(ex.source, set()).add(ex.difficulty)
+    out = [sources]
+    if any(len(v) > 1 for v in levels.values()):
+        out.append(
+            [
+                f"{ex.source}/level{ex.difficulty:g}"
+                if len(levels[ex.source]) > 1 and ex.difficulty is not None
+                else ex.source
+                for ex in examples
+            ]
+        )
+    return out
+
+
 def _table(
-    sources: Sequence[str], correct_BG, lengths_BG, truncated_BG, ks: Sequence[int]
+    groupings: Sequence[Sequence[str]], correct_BG, lengths_BG, truncated_BG, ks: Sequence[int]
 ) -> dict[str, dict[str, float]]:
     out = {ALL: eval_metrics.group_metrics(correct_BG, lengths_BG, truncated_BG, ks=ks)}
-    out.update(eval_metrics.per_source(sources, correct_BG, lengths_BG, truncated_BG, ks=ks))
+    for labels in groupings:
+        out.update(eval_metrics.per_source(labels, correct_BG, lengths_BG, truncated_BG, ks=ks))
     return out
 
 
@@ -266,7 +289,7 @@ def evaluate(
         pad_id=tok.pad_id,
         batch_prompts=options.batch_prompts or s.eval.batch_prompts,
     )
-    sources = [ex.source for ex in enc.examples]
+    sources = breakdowns(enc.examples)
     out: dict[str, Any] = {"num_prompts": len(enc.ids), "num_too_long": enc.num_too_long}
     try:
         greedy = dataclasses.replace(sampler_cfg, method="greedy")
@@ -351,8 +374,11 @@ def heldout_evaluator(
     examples: Sequence[Example],
 ) -> Callable[[Params], dict[str, float]]:
     """`evaluate(params)`: greedy accuracy, response length and truncation on the held-out
-    prompts (`eval/accuracy`, `eval/length`, `eval/truncated`, `eval/num_prompts`)."""
+    prompts (`eval/accuracy`, `eval/length`, `eval/truncated`, `eval/num_prompts`), and the
+    accuracy per source and per difficulty (`eval/<source>/accuracy`,
+    `eval/<source>/level<d>/accuracy`) where the prompts hold several of them."""
     greedy = dataclasses.replace(sampler_config(settings, tok), method="greedy")
+    groupings = [g for g in breakdowns(examples) if len(set(g)) > 1]
 
     def evaluate(params: Params) -> dict[str, float]:
         correct, lengths, truncated = generate_and_score(
@@ -367,11 +393,15 @@ def heldout_evaluator(
             tok.pad_id,
             settings.eval.batch_prompts,
         )
-        return {
+        out = {
             "eval/accuracy": float(np.mean(correct)),
             "eval/length": float(np.mean(lengths)),
             "eval/truncated": float(np.mean(truncated)),
             "eval/num_prompts": float(len(correct)),
         }
+        for labels in groupings:
+            table = eval_metrics.per_source(labels, correct)
+            out.update({f"eval/{k}/accuracy": v["mean@1"] for k, v in table.items()})
+        return out
 
     return evaluate

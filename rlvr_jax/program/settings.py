@@ -95,7 +95,8 @@ class ModelSettings:
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
     """Attributes:
-    name: a `datasets.DATASET_NAMES` entry ("arithmetic", "gsm8k", ...).
+    name: a `datasets.DATASET_NAMES` entry ("arithmetic", "gsm8k", ...), or reasoning-gym tasks,
+      "reasoning_gym:<task>" or a mix "reasoning_gym:<task>,<task>" (docs/reasoning_gym.md).
     path: local JSONL file or directory (empty: the hub, or generated tasks).
     split: training split; eval examples are held out from it (`num_eval`), or read from
       `eval_split` when set.
@@ -103,6 +104,11 @@ class DataSettings:
     num_train: training prompts to keep (0 keeps all; generated tasks need it).
     num_eval: held-out prompts for evaluation.
     level: difficulty of generated tasks.
+    levels: several difficulty levels of a generated task, in equal shares (an ordered
+      curriculum moves between them); empty: `level` alone.
+    weights: a reasoning-gym mix: each task's share of the examples (empty: equal shares).
+    task_config: reasoning-gym: JSON {task: {config field: value}}, applied over the level's
+      settings (e.g. '{"leg_counting": {"max_animals": 3}}').
     template: a `templates` name or "text:<format>".
     buckets: allowed prompt lengths (tokens).
     sampler: "epoch" (shuffled epochs) or "curriculum" (weights 1 - success rate).
@@ -122,6 +128,9 @@ class DataSettings:
     num_train: int = 0
     num_eval: int = 64
     level: int = 1
+    levels: tuple[int, ...] = ()
+    weights: tuple[float, ...] = ()
+    task_config: str = ""
     template: str = "plain"
     buckets: tuple[int, ...] = (64,)
     sampler: Literal["epoch", "curriculum"] = "epoch"

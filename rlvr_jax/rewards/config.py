@@ -17,8 +17,11 @@ class RewardSettings:
       the pool), "code_tests" (a program run against the problem's hidden unit tests in the
       code sandbox; `data.name="humaneval"`) or "math_tool" (math with a sandboxed `python`
       tool over several turns: `envs.tool_math`, docs/agents.md; the final answer checked as
-      "math" does) or "swe" (fix the seeded bug of a generated repository with file and command
-      tools, scored by hidden tests: `envs.swe`, `data.name="swe_repos"`, docs/agents.md).
+      "math" does), "swe" (fix the seeded bug of a generated repository with file and command
+      tools, scored by hidden tests: `envs.swe`, `data.name="swe_repos"`, docs/agents.md) or
+      "reasoning_gym" (a reasoning-gym task's own scorer, in the pool or, for scorers that
+      evaluate text, with that evaluation in the sandbox; `data.name="reasoning_gym:<task>"`,
+      docs/reasoning_gym.md).
     format: "number" (arithmetic: a number, then an end token), "r1" (the R1 think/answer
       template), or "none".
     format_weight: weight of the format part; correctness always has weight 1.
@@ -50,9 +53,9 @@ class RewardSettings:
     judge_tokens: new tokens the judge may write (greedy).
     """
 
-    verifier: Literal["arithmetic", "math", "countdown", "code_tests", "math_tool", "swe"] = (
-        "arithmetic"
-    )
+    verifier: Literal[
+        "arithmetic", "math", "countdown", "code_tests", "math_tool", "swe", "reasoning_gym"
+    ] = "arithmetic"
     format: Literal["number", "r1", "none"] = "number"
     format_weight: float = 0.0
     length_weight: float = 0.0

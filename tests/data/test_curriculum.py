@@ -109,6 +109,36 @@ def test_easy_to_hard_advances_when_the_level_is_solved():
     assert len(set(idx.tolist())) == 10 and state.level == 1
 
 
+def test_easy_to_hard_goes_back_a_level_when_the_policy_falls_behind():
+    levels = [1.0] * 2 + [2.0] * 2
+    config = cu.CurriculumConfig(
+        ordered=True,
+        advance_threshold=0.75,
+        advance_min_attempted=1.0,
+        retreat_threshold=0.25,
+        ema=1.0,  # the latest step's rate: the level follows the policy
+    )
+    sampler = cu.CurriculumSampler(_examples(4, levels), config)
+    state = sampler.update(sampler.init(0), ["p/0", "p/1"], np.ones((2, 4)))
+    assert state.level == 1
+    # Level 2 at 0.5: between the thresholds, it stays.
+    state = sampler.update(state, ["p/2", "p/3"], [[1, 1, 0, 0], [1, 1, 0, 0]])
+    assert state.level == 1
+    # Level 2 at 0.125 < 0.25: back to level 1, whose prompts are drawn alone again.
+    state = sampler.update(state, ["p/2", "p/3"], [[1, 0, 0, 0], [0, 0, 0, 0]])
+    assert state.level == 0 and cu.summary_stats(state)["curriculum/level"] == 0.0
+    assert set(np.flatnonzero(sampler.weights(state)).tolist()) == {0, 1}
+    # Without a retreat threshold the level never goes down (the default).
+    plain = cu.CurriculumSampler(
+        _examples(4, levels), cu.CurriculumConfig(ordered=True, advance_min_attempted=1.0)
+    )
+    state = plain.update(plain.init(0), ["p/0", "p/1"], np.ones((2, 4)))
+    state = plain.update(state, ["p/2", "p/3"], np.zeros((2, 4)))
+    assert state.level == 1
+    with pytest.raises(ValueError, match="retreat_threshold=0.8 must be below"):
+        cu.CurriculumConfig(retreat_threshold=0.8)
+
+
 def test_samplers_check_their_inputs():
     with pytest.raises(ValueError, match="'p/1' has no difficulty"):
         cu.CurriculumSampler(_examples(3, [1.0, None, 2.0]), cu.CurriculumConfig(ordered=True))
