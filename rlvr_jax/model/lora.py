@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -80,6 +81,7 @@ __all__ = [
     "LoraParams",
     "LowRank",
     "adapter_config",
+    "adapters_of",
     "adapter_logical_axes",
     "dequantize",
     "init_lora",
@@ -278,15 +280,23 @@ def without_adapters(params: Params) -> Params:
     return dataclasses.replace(params, lora=None)
 
 
-def trainable(params: Params) -> LoraParams | Params:
-    """What an optimizer trains: the adapters when `params` has them (the base is frozen),
-    else all of `params`."""
-    return params if params.lora is None else params.lora
+def adapters_of(params: Any) -> LoraParams | None:
+    """The LoRA adapters of a parameter tree: a `Params`' `lora`, None for other trees."""
+    return getattr(params, "lora", None)
 
 
-def with_trainable(params: Params, values: LoraParams | Params) -> Params:
+def trainable(params: Any) -> Any:
+    """What an optimizer trains: the adapters when `params` (a `Params`) has them (the base is
+    frozen), else all of `params` (any tree: a reward model's, a critic's)."""
+    adapters = adapters_of(params)
+    return params if adapters is None else adapters
+
+
+def with_trainable(params: Any, values: Any) -> Any:
     """`params` with its `trainable` part replaced by `values`."""
-    return values if params.lora is None else dataclasses.replace(params, lora=values)
+    if adapters_of(params) is None:
+        return values
+    return dataclasses.replace(params, lora=values)
 
 
 def adapter_logical_axes(cfg: ModelConfig, lora: LoraParams) -> LoraParams:

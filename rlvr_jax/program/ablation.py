@@ -90,6 +90,17 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
             "rl.loss.aggregation": "token_mean",
         },
     ),
+    "kimi": (
+        "Kimi k1.5's objective: mean baseline, squared log-ratio to the old policy (tau 0.1), "
+        "two updates a rollout",
+        {
+            "rl.loss.policy_loss": "kimi",
+            "rl.advantage.estimator": "dr_grpo",
+            "rl.advantage.std_scaling": "none",
+            "rl.loss.aggregation": "seq_mean_token_sum",
+            "rl.mu": 2,
+        },
+    ),
     "ppo": (
         "PPO: a separate critic, GAE (gamma 1, lambda 0.95), token_mean",
         {

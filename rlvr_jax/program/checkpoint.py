@@ -286,7 +286,7 @@ class Checkpointer:
 
     def _to_tree(self, state: TrainState) -> tuple[dict[str, Any], dict[str, Any]]:
         # A LoRA policy whose base the source rebuilds saves its adapters only.
-        has_lora = state.params.lora is not None
+        has_lora = lora_lib.adapters_of(state.params) is not None
         adapters_only = has_lora and self.ref_source is not None
         params = {"lora": state.params.lora} if adapters_only else state.params
         tree = {"step": state.step, "params": params, "opt_state": state.opt_state}
@@ -482,7 +482,7 @@ class Checkpointer:
         """The restore target of the saved parameters: all of them, or a LoRA run's adapters
         (its base then comes from `target`, which must hold it, loaded from the source)."""
         has_lora = bool(meta.get("has_lora", False))
-        if has_lora != (target.params.lora is not None):
+        if has_lora != (lora_lib.adapters_of(target.params) is not None):
             raise CheckpointError(
                 f"checkpoint {self.step_dir(step)} (step {step}) "
                 f"{'holds' if has_lora else 'has no'} LoRA adapters but this run's policy "

@@ -209,7 +209,7 @@ def init_train_state(
     reference is stored: the base with the adapters off is the reference (`reference_params`).
     """
     ref = None
-    if use_reference and params.lora is None:
+    if use_reference and lora_lib.adapters_of(params) is None:
         ref = jax.tree.map(jnp.copy, params)
     return TrainState(
         step=jnp.zeros((), jnp.int32),
@@ -226,6 +226,6 @@ def reference_params(state: TrainState, use_reference: bool) -> Params | None:
     policy when `use_reference`, the same base weights with the adapters off (no copy)."""
     if state.ref_params is not None:
         return state.ref_params
-    if use_reference and state.params.lora is not None:
+    if use_reference and lora_lib.adapters_of(state.params) is not None:
         return lora_lib.without_adapters(state.params)
     return None
