@@ -1,7 +1,8 @@
 """The objective-bias study: GRPO and its corrected variants on one prompt set and rollout budget.
 
 Command (CPU, the shipped setting; 12 minutes measured on 2 shared cores for the nine GRPO-family
-variants, 2026-11-29; the ppo variant added 7 minutes under a heavier load, 2026-12-01):
+variants, 2026-11-29; the ppo variant added 7 minutes under a heavier load, kimi 3.5 minutes,
+2026-12-01):
   python -m rlvr_jax.ablate --config=configs/ablation.py --workdir=/tmp/ablation
 
 It writes `/tmp/ablation/ablation.md` (the table), `/tmp/ablation/plots/*.png` and one run
@@ -53,6 +54,7 @@ VARIANTS = (
     "no_std_curriculum",
     "expert_iteration",
     "ppo",
+    "kimi",
 )
 
 
