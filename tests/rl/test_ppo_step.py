@@ -7,9 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlvr_jax import sampling
-from rlvr_jax.data.tokenizer import Tokenizer
-from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import sharding
 from rlvr_jax.model import transformer as tf
 from rlvr_jax.program import checkpoint as ckpt_lib
@@ -18,32 +15,18 @@ from rlvr_jax.rl import rows as rows_lib
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
 from rlvr_jax.rl import value as value_lib
+from tests.rl import step_fixtures
 
-B, G = 4, 4
+B, G = step_fixtures.B, step_fixtures.G
 GAE = advantages.AdvantageConfig("gae", gamma=1.0, lam=0.95)
 
 
-def _reward_fn(rollout, targets):
-    """Rewards some rows of a random model earn and others not (see tests/test_sharding.py)."""
-    del targets
-    hits_N = jnp.sum((rollout.tokens_NT % 3 == 0) & rollout.mask_NT, axis=1)
-    correct_N = (hits_N >= 2).astype(jnp.float32)
-    return correct_N + 0.1 * hits_N, {"correct": correct_N}
+_reward_fn = step_fixtures.reward_fn
 
 
 @pytest.fixture(scope="module")
 def setup():
-    tok = Tokenizer.from_characters("0123456789+-*=")
-    cfg = config_lib.PRESETS["tiny"].replace(vocab_size=32)
-    prompts = [tok.encode(f"{i}+{j}=") for i in range(4) for j in range(4)]
-
-    def batch(i: int) -> ts.Batch:
-        ids = prompts[(i * B) % 16 : (i * B) % 16 + B]
-        prompt_NP, lengths_N = sampling.bucket_and_pad(ids, [8], tok.pad_id, G)
-        return ts.Batch(jnp.asarray(prompt_NP), jnp.asarray(lengths_N))
-
-    sampler = sampling.SamplerConfig(max_new_tokens=6, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
-    return cfg, sampler, batch
+    return step_fixtures.tiny_setup()
 
 
 def _build(setup, kind, warmup=0, lr=3e-3, critic_lr=3e-2, **rl_kwargs):
