@@ -29,21 +29,22 @@ memory. The flop gap widens with model width (merging costs a full in x out weig
 projection, unmerged r x (in + out) per token), and unmerged keeps the base untouched, so the
 reference model is the same buffers with `lora=None`. Not measured on a GPU or TPU.
 
-How a training step uses it (the optimizer and train state are built elsewhere):
+Why not qwix: its `LoraProvider` adds adapters by model surgery on Flax (Linen or NNX) modules,
+intercepting their einsums and naming the adapters by module path. The decoder here is pure
+functions over a `Params` pytree with the layers stacked and scanned, with no module for qwix
+to rewrite; the transform it would do is the `_project` term above and `init_lora`, a few
+dozen lines that keep the adapters a plain, stacked, shardable tree (`Params.lora`).
 
-  lora = init_lora(key, cfg, lora_cfg)               # the only trained tree
-  opt_state = optimizer.init(lora)                   # adapter-sized optimizer state
-  def loss_fn(lora, params, batch):                  # params: closed over, not differentiated
-      logits, _ = transformer.forward(params, tokens, positions, cfg, mask_BT=mask, lora=lora)
-      ...
-  grads = jax.grad(loss_fn)(lora, params, batch)     # a LoraParams tree: dA, dB only
-  ref_logits, _ = transformer.forward(params, tokens, positions, cfg, mask_BT=mask)  # lora=None
-
-The reference model of the KL term is the same base with the adapters off (`lora=None`): no copy
-of the weights. Rollouts use `forward` / `hidden_states` with a cache and the same `lora`.
-Shardings: `lora_logical_axes` (A takes the projection's input axes, B its output axes, the rank
-axis stays whole), mapped by `model/sharding.py` like the parameters' names. Export:
-`model/lora_export.py` (merged Hugging Face weights, or a PEFT adapter directory).
+How the stages use it (`model.lora` in the settings): the adapters go into the parameter tree,
+`params = dataclasses.replace(base, lora=init_lora(key, cfg, lora_cfg))`, so every forward, the
+sampler's prefill and both decode loops apply them with no extra argument. The optimizer sees
+`trainable(params)` (the adapters; all of `params` without them) and the loss is differentiated
+with respect to it, the base closed over (`with_trainable(params, adapters)`): no gradient of a
+full weight is formed and Adam's state is adapter-sized. The reference model of the KL term is
+`without_adapters(params)`: the same base buffers, no copy. Shardings: `params_logical_axes`
+(A takes the projection's input axes, B its output axes, the rank axis stays whole), mapped by
+`model/sharding.py` like the parameters' names. Export: `merge_lora` (what `hf.save_hf`
+writes) or `model/lora_export.py` (a PEFT adapter directory).
 """
 
 from __future__ import annotations
