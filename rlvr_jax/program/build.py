@@ -156,7 +156,8 @@ def critic_state(settings: Settings, params: Params) -> state_lib.CriticState | 
                 f"rl.critic.init={critic.init!r}: neither 'policy' nor a run's workdir (no "
                 "settings.json there)"
             )
-        backbone = restore_policy(critic.init)[0]
+        # A LoRA run's policy: its adapters merged into plain weights.
+        backbone = lora_lib.merge_lora(restore_policy(critic.init)[0])
         shapes = lambda p: jax.tree.map(lambda x: (x.shape, x.dtype), p)  # noqa: E731
         if shapes(dataclasses.replace(backbone, lm_head=None)) != shapes(
             dataclasses.replace(params, lm_head=None)
