@@ -72,6 +72,8 @@ _READ_CHUNK = 65536
 # The fallback's namespaces: no network, and the sandbox's processes die with its first one.
 _UNSHARE = ("unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child")
 _STDERR_TAIL = 4096
+# How long a run waits, after killing the sandbox, for its processes to be gone.
+_REAP_SECONDS = 2.0
 
 # Runs inside the sandbox with the sandboxed interpreter. As pid 1 of a pid namespace (the
 # fallback's `unshare --pid --fork`) it must not exec: the kernel shields pid 1 from signals it has
@@ -497,8 +499,12 @@ def _execute(proc_args, stdin, limits, backend, stop, started) -> SandboxResult:
         if started is not None:
             started.set()
     reason, out, err = _pump(proc, stdin, start + limits.wall_seconds, limits, stop)
+    tree = _process_tree(proc.pid)
     _kill_group(proc)
     proc.wait()
+    # The kernel empties a killed pid namespace after its first process is gone, asynchronously:
+    # return only once the processes seen before the kill are gone, so none outlives the run.
+    _wait_gone(tree, _REAP_SECONDS)
     returncode = proc.returncode
     if 128 < returncode <= 128 + 64:
         returncode = 128 - returncode
@@ -588,6 +594,40 @@ def _kill_group(proc: subprocess.Popen) -> None:
     for target in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             target()
+
+
+def _state_and_parent(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and parent pid from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0].decode(), int(fields[1])
+
+
+def _process_tree(root: int) -> list[int]:
+    """`root` and its live descendants, from one pass over /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (found := _state_and_parent(int(entry))) is not None:
+            children.setdefault(found[1], []).append(int(entry))
+    tree, frontier = [], [root]
+    while frontier:
+        pid = frontier.pop()
+        tree.append(pid)
+        frontier.extend(children.get(pid, ()))
+    return tree
+
+
+def _wait_gone(pids: list[int], timeout: float) -> None:
+    """Waits (at most `timeout` seconds) until every pid is gone or a zombie."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = [p for p in pids if (found := _state_and_parent(p)) and found[0] not in "ZX"]
+        if not pids or time.monotonic() > deadline:
+            return
+        time.sleep(0.005)
 
 
 def _inferred_reason(returncode: int, stderr: bytes) -> str | None:
