@@ -8,6 +8,9 @@ Command:
   python -m rlvr_jax.filter --model=embedded --dataset=gsm8k \\
       --data_path=../shared/data/gsm8k/train.jsonl --template=chat --num_samples=8 \\
       --output=/tmp/gsm8k_filtered.jsonl
+  python -m rlvr_jax.filter --model=embedded --dataset=reasoning_gym:gcd,lcm --level=1,2 \
+      --num_prompts=256 --verifier=reasoning_gym --template='chat:{question}' \
+      --output=/tmp/rg_filtered.jsonl
 
 It samples N completions per prompt with the KV-cache sampler, verifies each, writes the kept
 examples as JSONL `Example` records (load them with `datasets.load_jsonl("examples", path)`; each
@@ -17,18 +20,26 @@ counts.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from absl import app, flags
 
-from rlvr_jax.data import datasets, templates
+from rlvr_jax.config_types import ConfigError
+from rlvr_jax.data import datasets, reasoning_gym_tasks, templates
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer, load_tokenizer
+from rlvr_jax.envs import single_turn
+from rlvr_jax.envs.task import Task
 from rlvr_jax.model import loading
 from rlvr_jax.program import compilation, difficulty
+from rlvr_jax.rewards.config import RewardSettings
+
+# The training verifiers the filter can score with: single-turn ones that score text on the host.
+TASK_VERIFIERS = ("math", "countdown", "reasoning_gym")
 
 # A private flag set, so that importing this module next to another entry point (rlvr_jax.main)
 # defines no duplicate flags in absl's global FLAGS.
@@ -41,8 +52,18 @@ flags.DEFINE_string(
     "Hugging Face directory.",
     flag_values=FLAGS,
 )
-flags.DEFINE_enum(
-    "dataset", "gsm8k", list(datasets.DATASET_NAMES), "Dataset name.", flag_values=FLAGS
+flags.DEFINE_string(
+    "dataset",
+    "gsm8k",
+    f"Dataset name: one of {', '.join(datasets.DATASET_NAMES)}, or "
+    "'reasoning_gym:<task>[,<task>...]' (docs/reasoning_gym.md).",
+    flag_values=FLAGS,
+)
+flags.register_validator(
+    "dataset",
+    lambda name: name in datasets.DATASET_NAMES or reasoning_gym_tasks.is_reasoning_gym(name),
+    message=f"--dataset must be one of {datasets.DATASET_NAMES} or 'reasoning_gym:<task>'",
+    flag_values=FLAGS,
 )
 flags.DEFINE_string("data_path", "", "Local JSONL file or directory.", flag_values=FLAGS)
 flags.DEFINE_string(
@@ -51,7 +72,16 @@ flags.DEFINE_string(
 flags.DEFINE_enum("hub", "hf", ["hf", "tfds"], "Hub when --data_path is empty.", flag_values=FLAGS)
 flags.DEFINE_integer("num_prompts", 0, "Use the first N prompts (0: all).", flag_values=FLAGS)
 flags.DEFINE_list(
-    "level", [], "Generated tasks: arithmetic levels / countdown number counts.", flag_values=FLAGS
+    "level",
+    [],
+    "Generated tasks: arithmetic levels / countdown number counts / reasoning-gym levels.",
+    flag_values=FLAGS,
+)
+flags.DEFINE_list(
+    "weights", [], "reasoning-gym mix: each task's share (empty: equal).", flag_values=FLAGS
+)
+flags.DEFINE_string(
+    "task_config", "", "reasoning-gym: JSON {task: {config field: value}}.", flag_values=FLAGS
 )
 flags.DEFINE_bool(
     "exclude_multiple_choice", False, "Drop multiple-choice items.", flag_values=FLAGS
@@ -62,7 +92,16 @@ flags.DEFINE_bool(
 flags.DEFINE_string(
     "template", "chat", "Prompt template name or 'text:<format>'.", flag_values=FLAGS
 )
-flags.DEFINE_enum("verifier", "last_number", ["last_number"], "Verifier.", flag_values=FLAGS)
+flags.DEFINE_enum(
+    "verifier",
+    "last_number",
+    ["last_number", *TASK_VERIFIERS],
+    "'last_number' (the last number equals the answer, in this process), or the training "
+    "verifier of that name (`reward.verifier`, scored in its verifier pool: 'reasoning_gym' "
+    "for reasoning-gym tasks).",
+    flag_values=FLAGS,
+)
+flags.DEFINE_integer("workers", 2, "Verifier processes of a training verifier.", flag_values=FLAGS)
 flags.DEFINE_integer("num_samples", 8, "N samples per prompt.", flag_values=FLAGS)
 flags.DEFINE_integer("batch_prompts", 8, "Prompts per sampler call.", flag_values=FLAGS)
 flags.DEFINE_list("buckets", ["64", "128", "256"], "Prompt length buckets.", flag_values=FLAGS)
@@ -120,6 +159,23 @@ def _tokenizer(spec: str, model: str) -> Tokenizer:
     return tok
 
 
+@contextlib.contextmanager
+def _verifier(
+    name: str, workers: int, tokenizer: Tokenizer, examples: list[Example], template: str
+) -> Iterator[difficulty.Verifier | Task]:
+    """The named verifier; a training verifier's task (and its pool) is closed on exit."""
+    if name in difficulty.VERIFIERS:
+        yield difficulty.VERIFIERS[name]
+        return
+    reward = RewardSettings(verifier=name, workers=workers)
+    try:
+        task = single_turn.build_task(reward, tokenizer, tokenizer.vocab_size, examples, template)
+    except ConfigError as e:
+        raise app.UsageError(f"--verifier={name}: {e}") from e
+    with task:
+        yield task
+
+
 def _execute() -> FilterResult:
     """Runs the command from the parsed `FLAGS`."""
     f = FLAGS
@@ -135,6 +191,8 @@ def _execute() -> FilterResult:
         num=f.num_prompts or None,
         seed=f.seed,
         level=level,
+        weights=tuple(float(w) for w in f.weights),
+        task_config=f.task_config,
         exclude_multiple_choice=f.exclude_multiple_choice,
         exclude_true_false=f.exclude_true_false,
     )
@@ -146,21 +204,22 @@ def _execute() -> FilterResult:
         # Random weights have no vocabulary of their own: size the embedding to the tokenizer.
         overrides["vocab_size"] = tokenizer.vocab_size
     params, model_cfg = loading.load_model(f.model, seed=f.seed, **overrides)
-    sampled, counts = difficulty.count_successes(
-        params,
-        model_cfg,
-        tokenizer,
-        examples,
-        templates.get_template(f.template),
-        f.num_samples,
-        difficulty.VERIFIERS[f.verifier],
-        buckets=buckets,
-        max_new_tokens=f.max_new_tokens,
-        batch_prompts=f.batch_prompts,
-        temperature=f.temperature,
-        top_p=f.top_p,
-        seed=f.seed,
-    )
+    with _verifier(f.verifier, f.workers, tokenizer, examples, f.template) as verify:
+        sampled, counts = difficulty.count_successes(
+            params,
+            model_cfg,
+            tokenizer,
+            examples,
+            templates.get_template(f.template),
+            f.num_samples,
+            verify,
+            buckets=buckets,
+            max_new_tokens=f.max_new_tokens,
+            batch_prompts=f.batch_prompts,
+            temperature=f.temperature,
+            top_p=f.top_p,
+            seed=f.seed,
+        )
     hist = difficulty.success_histogram(counts, f.num_samples)
     kept, stats = difficulty.filter_by_success(
         sampled, counts, f.num_samples, f.drop_all_solved, f.drop_never_solved

@@ -11,6 +11,7 @@ from rlvr_jax import filter as filter_cli
 from rlvr_jax.data import datasets as ds
 from rlvr_jax.data import templates as tp
 from rlvr_jax.data.tokenizer import Tokenizer
+from rlvr_jax.envs.task import Task
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import transformer as tf
 from rlvr_jax.program import difficulty
@@ -156,3 +157,53 @@ def test_command_end_to_end(tiny, tmp_path, capsys):
     assert f"kept {stats['kept']} of 8 prompts" in out
     with pytest.raises(filter_cli.app.UsageError, match="--output is required"):
         filter_cli.run(["filter", "--dataset=arithmetic", "--num_prompts=2"])
+
+
+class _Scored(Task):
+    """A training-verifier stand-in: "correct" is 1 for the listed example ids."""
+
+    name = "scored"
+
+    def __init__(self, solved_ids):
+        self.solved_ids, self.calls = solved_ids, []
+
+    def score(self, rollout, examples_N):
+        self.calls.append([ex.id for ex in examples_N])
+        return {"correct": np.asarray([ex.id in self.solved_ids for ex in examples_N], np.float32)}
+
+
+def test_count_successes_scores_with_a_training_task(tiny):
+    params, cfg, tok = tiny
+    examples = ds.arithmetic_examples(5, seed=0)
+    task = _Scored({"arithmetic/0/2"})
+    _, counts = difficulty.count_successes(
+        params,
+        cfg,
+        tok,
+        examples,
+        tp.text_template("{question}="),
+        N,
+        task,
+        buckets=[BUCKET],
+        max_new_tokens=NEW_TOKENS,
+        batch_prompts=BATCH_PROMPTS,
+    )
+    assert counts.tolist() == [0, 0, N, 0, 0]
+    # One call per sampler batch, every row of it (the padded batch repeats its last prompt).
+    assert [len(c) for c in task.calls] == [BATCH_PROMPTS * N] * 2
+    assert task.calls[1][N:] == ["arithmetic/0/4"] * (BATCH_PROMPTS - 1) * N
+
+
+def test_command_takes_reasoning_gym_names_and_refuses_a_mismatched_verifier():
+    pytest.importorskip("reasoning_gym")
+    with pytest.raises(filter_cli.flags.IllegalFlagValueError, match="reasoning_gym:<task>"):
+        filter_cli.run(["filter", "--dataset=no_such_set", "--output=/tmp/x.jsonl"])
+    args = [
+        "filter",
+        "--model=random:tiny",
+        f"--tokenizer=chars:{ALPHABET}",
+        "--num_prompts=2",
+        "--output=/tmp/unused.jsonl",
+    ]
+    with pytest.raises(filter_cli.app.UsageError, match="needs reasoning-gym examples"):
+        filter_cli.run([*args, "--dataset=arithmetic", "--verifier=reasoning_gym"])

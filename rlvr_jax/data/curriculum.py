@@ -45,12 +45,15 @@ class SamplerState:
       successes_P: their summed success (1 per correct sample; fractional credit allowed).
       rate_P: the exponential moving average of each prompt's per-step success rate (curriculum
         with `ema > 0`); 0 before the first attempt.
-      level: index of the hardest difficulty level in play (ordered curriculum), else 0.
+      level: index of the hardest difficulty level in play (ordered curriculum), else 0; with
+        per-source levels, the lowest of `source_levels`.
       epoch: epochs completed (epoch sampler).
       position: the next position in this epoch's order (epoch sampler).
       steps: calls of `next` so far.
       seed: the seed given to `init`.
       rng_state: JSON of the numpy bit generator's state (curriculum draws).
+      source_levels: with per-source levels (`CurriculumConfig.per_source`), the index of each
+        source's hardest level in play, in the order of `CurriculumSampler.sources`; else ().
     """
 
     attempts_P: np.ndarray
@@ -62,6 +65,7 @@ class SamplerState:
     steps: int
     seed: int
     rng_state: str
+    source_levels: tuple[int, ...] = ()
 
 
 class PromptSampler(Protocol):
@@ -152,6 +156,7 @@ class _Prompts:
             "counters": np.asarray(counters, np.int64),
             "rng_state": np.frombuffer(state.rng_state.encode(), np.uint8).copy(),
             "fingerprint": np.frombuffer(self.fingerprint, np.uint8).copy(),
+            "source_levels": np.asarray(state.source_levels, np.int64),
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> SamplerState:
@@ -176,6 +181,7 @@ class _Prompts:
             steps=steps,
             seed=seed,
             rng_state=bytes(np.asarray(d["rng_state"], np.uint8)).decode(),
+            source_levels=tuple(int(x) for x in np.asarray(d.get("source_levels", ()))),
         )
 
 
@@ -221,6 +227,9 @@ class CurriculumConfig:
         average of per-step rates, rate <- (1 - ema) * rate + ema * step_rate, which forgets
         early failures as the policy improves.
       ordered: easy to hard by `Example.difficulty` (each distinct value is a level).
+      per_source: an ordered curriculum keeps one level per `Example.source` (each task of a mix
+        opens and closes its own levels, on the success rate of its own prompts); False: one
+        level shared by all.
       advance_threshold: an ordered curriculum opens the next level once the mean success rate of
         the attempted prompts of the current level reaches this.
       advance_min_attempted: ... and at least this fraction of the current level's prompts has
@@ -236,6 +245,7 @@ class CurriculumConfig:
     floor: float = 0.05
     ema: float = 0.0
     ordered: bool = False
+    per_source: bool = False
     advance_threshold: float = 0.7
     advance_min_attempted: float = 0.5
     retreat_threshold: float = 0.0
@@ -248,6 +258,8 @@ class CurriculumConfig:
                 raise ValueError(f"curriculum.{name}={getattr(self, name)} must be in [0, 1]")
         if not 0.0 < self.floor <= 1.0:
             raise ValueError(f"curriculum.floor={self.floor} must be in (0, 1]")
+        if self.per_source and not self.ordered:
+            raise ValueError("curriculum.per_source=True needs curriculum.ordered=True")
         if self.retreat_threshold and self.retreat_threshold >= self.advance_threshold:
             raise ValueError(
                 f"curriculum.retreat_threshold={self.retreat_threshold} must be below "
@@ -273,20 +285,64 @@ class CurriculumSampler:
         self._prompts = _Prompts(examples)
         self.ids = self._prompts.ids
         self.config = config
+        # Per-source levels: `sources` (sorted), each example's source index and level index
+        # within its source's own difficulties; shared levels: one source "" over all examples.
+        self.sources: tuple[str, ...] = ("",)
+        self.source_P = np.zeros((len(examples),), np.int64)
+        self.levels: tuple[float, ...] = ()
+        self.level_P = np.zeros((len(examples),), np.int64)
+        self.source_levels: dict[str, tuple[float, ...]] = {}
         if config.ordered:
             missing = next((ex.id for ex in examples if ex.difficulty is None), None)
             if missing is not None:
                 raise ValueError(f"ordered curriculum: example {missing!r} has no difficulty")
             self.levels = tuple(sorted({float(ex.difficulty) for ex in examples}))
-            lookup = {d: k for k, d in enumerate(self.levels)}
-            self.level_P = np.asarray([lookup[float(ex.difficulty)] for ex in examples], np.int64)
-        else:
-            self.levels = ()
-            self.level_P = np.zeros((len(examples),), np.int64)
+            if config.per_source:
+                self.sources = tuple(sorted({ex.source for ex in examples}))
+            of_source = {name: k for k, name in enumerate(self.sources)}
+            key = (lambda ex: ex.source) if config.per_source else (lambda ex: "")
+            self.source_P = np.asarray([of_source[key(ex)] for ex in examples], np.int64)
+            for name in self.sources:
+                diffs = {float(ex.difficulty) for ex in examples if key(ex) == name}
+                self.source_levels[name] = tuple(sorted(diffs))
+            self.level_P = np.asarray(
+                [self.source_levels[key(ex)].index(float(ex.difficulty)) for ex in examples],
+                np.int64,
+            )
+        self._top_S = np.asarray([len(self.source_levels.get(n, (0,))) - 1 for n in self.sources])
 
     def init(self, seed: int) -> SamplerState:
         """The state before any draw."""
-        return self._prompts.new_state(seed, np.random.default_rng(seed))
+        state = self._prompts.new_state(seed, np.random.default_rng(seed))
+        if self.config.per_source:
+            state = dataclasses.replace(state, source_levels=(0,) * len(self.sources))
+        return state
+
+    def level_metrics(self, state: SamplerState) -> dict[str, float]:
+        """With per-source levels, "curriculum/<source>/level": the difficulty (the
+        `Example.difficulty` value, not its index) of each source's hardest level in play."""
+        if not self.config.per_source:
+            return {}
+        return {
+            f"curriculum/{name}/level": self.source_levels[name][k]
+            for name, k in zip(self.sources, self._levels_S(state), strict=True)
+        }
+
+    def _levels_S(self, state: SamplerState) -> np.ndarray:
+        if not self.config.per_source:
+            return np.asarray([state.level], np.int64)
+        if len(state.source_levels) != len(self.sources):
+            raise ValueError(
+                f"sampler state has {len(state.source_levels)} source levels; this curriculum has "
+                f"{len(self.sources)} sources {self.sources}"
+            )
+        return np.asarray(state.source_levels, np.int64)
+
+    def _with_levels(self, state: SamplerState, levels_S: np.ndarray) -> SamplerState:
+        if not self.config.per_source:
+            return dataclasses.replace(state, level=int(levels_S[0]))
+        levels = tuple(int(x) for x in levels_S)
+        return dataclasses.replace(state, level=min(levels), source_levels=levels)
 
     def success_rates(self, state: SamplerState) -> np.ndarray:
         """rate_P: the success rate each weight uses (the prior where never attempted)."""
@@ -297,18 +353,21 @@ class CurriculumSampler:
             rate = state.successes_P / np.maximum(state.attempts_P, 1)
         return np.where(seen, rate, self.config.prior_success)
 
-    def _open_level(self, state: SamplerState, batch_size: int) -> int:
-        """The hardest level in play: the state's, raised until enough prompts are eligible."""
-        level = state.level
-        if not self.config.replace:
-            while level < len(self.levels) - 1 and np.sum(self.level_P <= level) < batch_size:
-                level += 1
-        return level
+    def _in_play(self, state: SamplerState, batch_size: int) -> np.ndarray:
+        """Which prompts may be drawn: those at or below their source's level, the lowest
+        level that can rise raised (for this draw only) until enough prompts are eligible."""
+        levels = self._levels_S(state).copy()
+        while True:
+            in_play = self.level_P <= levels[self.source_P]
+            can_rise = levels < self._top_S
+            if self.config.replace or in_play.sum() >= batch_size or not can_rise.any():
+                return in_play
+            levels[np.flatnonzero(can_rise)[np.argmin(levels[can_rise])]] += 1
 
     def weights(self, state: SamplerState, batch_size: int = 1) -> np.ndarray:
         """w_P = max(1 - rate, floor) for prompts in play, 0 for levels not yet open."""
         w = np.maximum(1.0 - self.success_rates(state), self.config.floor)
-        return np.where(self.level_P <= self._open_level(state, batch_size), w, 0.0)
+        return np.where(self._in_play(state, batch_size), w, 0.0)
 
     def next(self, state: SamplerState, batch_size: int) -> tuple[SamplerState, np.ndarray]:
         """Draws `batch_size` prompt indices with probability proportional to `weights`.
@@ -345,17 +404,20 @@ class CurriculumSampler:
         state = self._prompts.record(state, ids, success_BG, self.config.ema)
         if not self.config.ordered or len(self.levels) < 2:
             return state
-        current = self.level_P == state.level
-        attempted = current & (state.attempts_P > 0)
-        needed = math.ceil(self.config.advance_min_attempted * int(current.sum()))
-        if attempted.sum() < max(needed, 1):
-            return state
-        level_rate = float(self.success_rates(state)[attempted].mean())
-        if level_rate >= self.config.advance_threshold and state.level < len(self.levels) - 1:
-            state = dataclasses.replace(state, level=state.level + 1)
-        elif level_rate < self.config.retreat_threshold and state.level > 0:
-            state = dataclasses.replace(state, level=state.level - 1)
-        return state
+        levels = self._levels_S(state).copy()
+        rates = self.success_rates(state)
+        for k, level in enumerate(levels.tolist()):
+            current = (self.source_P == k) & (self.level_P == level)
+            attempted = current & (state.attempts_P > 0)
+            needed = math.ceil(self.config.advance_min_attempted * int(current.sum()))
+            if attempted.sum() < max(needed, 1):
+                continue
+            level_rate = float(rates[attempted].mean())
+            if level_rate >= self.config.advance_threshold and level < self._top_S[k]:
+                levels[k] += 1
+            elif level_rate < self.config.retreat_threshold and level > 0:
+                levels[k] -= 1
+        return self._with_levels(state, levels)
 
     def state_dict(self, state: SamplerState) -> dict[str, np.ndarray]:
         """The state as numpy arrays (for a checkpoint; `state_to_json` for text)."""

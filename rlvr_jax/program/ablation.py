@@ -81,6 +81,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "GRPO + easy-to-hard curriculum over the difficulty levels",
         {"data.sampler": "curriculum", "curriculum.ordered": True},
     ),
+    "per_task_curriculum": (
+        "GRPO + easy-to-hard curriculum, each task of a mix on its own levels",
+        {"data.sampler": "curriculum", "curriculum.ordered": True, "curriculum.per_source": True},
+    ),
     "expert_iteration": (
         "expert iteration: SFT on verified samples (same sampling budget)",
         {

@@ -19,6 +19,7 @@ from rlvr_jax import sampling
 from rlvr_jax.data import templates
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
+from rlvr_jax.envs.task import Task
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
 
@@ -133,7 +134,7 @@ def count_successes(
     examples: Sequence[Example],
     template: templates.PromptTemplate,
     n: int,
-    verify: Verifier,
+    verify: Verifier | Task,
     *,
     buckets: Sequence[int],
     max_new_tokens: int,
@@ -155,7 +156,9 @@ def count_successes(
       examples: the prompts.
       template: the prompt template.
       n: samples per prompt.
-      verify: `verify(completion_text, example) -> bool`.
+      verify: `verify(completion_text, example) -> bool`, or a single-turn `Task` (the
+        training verifier: its "correct" part, 1 = solved, scored where the task scores, e.g.
+        in its verifier pool).
       buckets: prompt length buckets.
       max_new_tokens: generated tokens per sample.
       batch_prompts: prompts per sampler call.
@@ -177,9 +180,13 @@ def count_successes(
 
     def score(rollout: sampling.Rollout, prompt_ids: list[int]) -> np.ndarray:
         # The last batch repeats its last prompt to keep shapes fixed: those rows are dropped
-        # unverified (a verifier call can be the costly part).
+        # (a per-text verifier does not check them: a verifier call can be the costly part).
         real = len(dict.fromkeys(prompt_ids)) * n
-        rows = [encoded.examples[j] for j in prompt_ids for _ in range(n)][:real]
+        rows = [encoded.examples[j] for j in prompt_ids for _ in range(n)]
+        if isinstance(verify, Task):
+            # A task scores the whole rollout at once; the padding rows' scores are dropped.
+            return np.asarray(verify.score(rollout, rows)["correct"])[:real] >= 1.0
+        rows = rows[:real]
         tokens = sampling.completions(rollout)[:real]
         texts = [tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
         solved = [bool(verify(t, ex)) for t, ex in zip(texts, rows, strict=True)]

@@ -234,6 +234,7 @@ def build_rl_step(
         metrics.update(timer.metrics())
         if s.data.sampler == "curriculum":
             metrics.update(curriculum_lib.summary_stats(sampler_state))
+            metrics.update(sampler.level_metrics(sampler_state))
         if s.rl.partial_budget:
             return state, dataclasses.replace(data_state, inner=sampler_state), metrics
         return state, sampler_state, metrics

@@ -302,3 +302,44 @@ def test_fill_batch_checks_what_produce_returns():
         cu.fill_batch(ragged, batch_size=2, max_rounds=3)
     with pytest.raises(ValueError, match=r"returned 2 groups and rewards of shape \(1, 2\)"):
         cu.fill_batch(lambda n: (["a", "b"], np.zeros((1, 2))), batch_size=2, max_rounds=1)
+
+
+def test_per_source_levels_move_each_task_on_its_own_success_rate():
+    # Two tasks of a mix, each with levels 1 and 2 (and task "b" a level 3).
+    spec = [("a", 1.0)] * 2 + [("a", 2.0)] * 2 + [("b", 1.0)] * 2 + [("b", 2.0), ("b", 3.0)]
+    examples = [
+        Example(f"p/{i}", f"q{i}", str(i), source, level) for i, (source, level) in enumerate(spec)
+    ]
+    config = cu.CurriculumConfig(
+        ordered=True,
+        per_source=True,
+        advance_threshold=0.75,
+        advance_min_attempted=1.0,
+        retreat_threshold=0.25,
+        ema=1.0,
+    )
+    sampler = cu.CurriculumSampler(examples, config)
+    assert sampler.sources == ("a", "b")
+    state = sampler.init(0)
+    assert state.source_levels == (0, 0)
+    assert set(np.flatnonzero(sampler.weights(state)).tolist()) == {0, 1, 4, 5}
+    # Task a solves its level 1, task b fails its own: only a's level 2 opens.
+    state = sampler.update(state, ["p/0", "p/1", "p/4", "p/5"], [[1, 1]] * 2 + [[0, 0]] * 2)
+    assert state.source_levels == (1, 0) and state.level == 0
+    assert set(np.flatnonzero(sampler.weights(state)).tolist()) == {0, 1, 2, 3, 4, 5}
+    assert sampler.level_metrics(state) == {"curriculum/a/level": 2.0, "curriculum/b/level": 1.0}
+    # b catches up; a's level 2 then fails and closes again, b's stays open.
+    state = sampler.update(state, ["p/4", "p/5"], [[1, 1]] * 2)
+    state = sampler.update(state, ["p/2", "p/3", "p/6"], [[0, 0]] * 2 + [[1, 0]])
+    assert state.source_levels == (0, 1)
+    # A batch larger than what is open raises the lowest level that can rise, for that draw.
+    assert int(np.count_nonzero(sampler.weights(state, batch_size=7))) == 7
+    # The levels survive a checkpoint, and a state for other sources is refused.
+    saved = cu.state_from_json(cu.state_to_json(sampler.state_dict(state)))
+    assert sampler.load_state_dict(saved).source_levels == (0, 1)
+    shared = cu.CurriculumSampler(examples, cu.CurriculumConfig(ordered=True))
+    assert shared.sources == ("",) and shared.level_metrics(shared.init(0)) == {}
+    with pytest.raises(ValueError, match="has 0 source levels; this curriculum has 2"):
+        sampler.weights(shared.init(0))
+    with pytest.raises(ValueError, match="per_source=True needs curriculum.ordered=True"):
+        cu.CurriculumConfig(per_source=True)
