@@ -131,7 +131,8 @@ def test_grad_norm_by_success_by_hand():
 
 def test_trimmed_study_end_to_end(tmp_path):
     c = ablation_config.get_config()
-    c.ablation.variants = "grpo,dr_grpo"
+    # Two variants that share the step program (the sampler differs, on the host): one compile.
+    c.ablation.variants = "grpo,difficulty_curriculum"
     c.ablation.seeds = "0"
     c.ablation.warm_start.steps = 1
     c.ablation.warm_start.batch_size = 8
@@ -149,7 +150,7 @@ def test_trimmed_study_end_to_end(tmp_path):
 
     table = (tmp_path / "ablation.md").read_text()
     summary = json.loads((tmp_path / "summary.json").read_text())
-    for name in ("grpo", "dr_grpo"):
+    for name in ("grpo", "difficulty_curriculum"):
         run_dir = tmp_path / "runs" / name / "seed_0"
         result = json.loads((run_dir / "result.json").read_text())
         records = metrics_lib.read_metrics(run_dir)

@@ -102,7 +102,6 @@ def test_two_processes_train_like_one_with_eight_devices(tmp_path):
 
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-    env.pop("XLA_FLAGS", None)
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "tests.test_multihost", str(i), str(port), str(tmp_path)],

@@ -46,7 +46,9 @@ def test_smollm2_greedy_equals_transformers_generate(smollm):
     prompt, lengths = sampling.bucket_and_pad(prompts, (32, 64), pad_id=tok.pad_id)
     T = 20
     want = hf_greedy(model, prompt, lengths, T, eos_ids=tok.eos_ids)
-    scfg = SamplerConfig(max_new_tokens=T, method="greedy", eos_ids=tok.eos_ids, pad_id=0)
+    scfg = SamplerConfig(
+        max_new_tokens=T, method="greedy", eos_ids=tok.eos_ids, pad_id=0, layer_loop="scan"
+    )
     r = sampling.sample(params, prompt, lengths, jax.random.key(0), cfg, scfg)
     np.testing.assert_array_equal(np.asarray(r.tokens_NT), want)
     answer = tok.decode(sampling.completions(r)[0])
@@ -57,8 +59,8 @@ def test_smollm2_greedy_equals_transformers_generate(smollm):
 def test_smollm2_sampled_logp_equals_teacher_forced_forward(smollm):
     _, params, cfg, tok, prompts = smollm
     prompt, lengths = sampling.bucket_and_pad(prompts, (32, 64), pad_id=tok.pad_id, group_size=2)
-    # The scan layer loop here (the greedy test above runs the default, unrolled on CPU): both
-    # loops meet real weights, and the scan compiles in a fraction of the time.
+    # Both tests run the scan layer loop: on real weights it compiles in a fraction of the
+    # unrolled loop's time, and tests/model/test_decode.py holds the two loops equal.
     scfg = SamplerConfig(
         max_new_tokens=16, eos_ids=tok.eos_ids, pad_id=tok.pad_id, layer_loop="scan"
     )

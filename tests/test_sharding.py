@@ -213,9 +213,10 @@ def test_vocabulary_matrices_and_their_gradients_stay_split():
 # The step
 
 
-# Each axis alone (pure data, FSDP as on a v5e-8, tensor) and all at once; the host-verifier
-# path below runs fsdp x tensor = 2 x 4.
-@pytest.mark.parametrize("shape", [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 1, 8)])
+# FSDP alone (as on a v5e-8), tensor alone (8 does not divide the 4 heads), and all three axes
+# at once (data parallelism among them, as in tests/test_multihost.py); the host-verifier path
+# below runs fsdp x tensor = 2 x 4.
+@pytest.mark.parametrize("shape", [(1, 8, 1), (2, 2, 2), (1, 1, 8)])
 def test_sharded_train_step_equals_one_device(task, one_device, shape):
     want_state, want_outs, _ = one_device
     mesh = sharding.make_mesh(sharding.MeshConfig(*shape))

@@ -160,17 +160,19 @@ def test_microbatches_give_the_full_batch_update(task, aggregation):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        # The policy forward on whole groups, and the old and reference log-probs too.
-        dict(num_microbatches=2, mu=2, loss=losses.LossConfig(kl_beta=0.05)),
-        dict(num_minibatches=2, group_grad_norms=True),  # shuffled rows: only per-group norms
-    ],
-)
-def test_shared_prompt_forward_gives_the_same_update(task, kwargs):
-    """Each group's prompt run once (the default) or G times: the same step, to float noise."""
+def test_shared_prompt_forward_gives_the_same_update(task):
+    """Each group's prompt run once (the default) or G times: the same step, to float noise.
+
+    On whole groups in microbatches, the old and reference log-probs too (mu=2, a KL term), and
+    on shuffled minibatch rows, where only the per-group gradient norms need the groups."""
     cfg, _, batch, _ = task
+    kwargs = dict(
+        num_microbatches=2,
+        num_minibatches=2,
+        mu=2,
+        loss=losses.LossConfig(kl_beta=0.05),
+        group_grad_norms=True,
+    )
     results = []
     for shared in (True, False):
         rl, _, sched, reward_fn, state = _build(task, shared_prompt_forward=shared, **kwargs)
