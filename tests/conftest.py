@@ -36,12 +36,6 @@ def pytest_configure(config):
         config._rlvr_jax_cache = tempfile.mkdtemp(prefix="rlvr_jax_test_compile_cache_")
         os.environ[_CACHE_ENV] = config._rlvr_jax_cache
     compilation.enable_cache(os.environ[_CACHE_ENV])
-    # Subprocesses that run JAX without a command's --compile_cache (a notebook's kernel, the
-    # two-process test's workers) read the same cache through JAX's own environment variables.
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ[_CACHE_ENV])
-    os.environ.setdefault(
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", str(compilation.MIN_COMPILE_SECONDS)
-    )
 
 
 def pytest_unconfigure(config):

@@ -255,6 +255,15 @@ def constrain_rows(x: jax.Array) -> jax.Array:
     return x if spec == P() else jax.lax.with_sharding_constraint(x, spec)
 
 
+def rows_split_alike(a: int, b: int) -> bool:
+    """Whether `constrain_rows` splits a leading axis of `a` rows and one of `b` rows over the
+    same mesh axes (True when no mesh is set)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(RULES["batch"]) <= set(mesh.axis_names):
+        return True
+    return logical_spec(("batch",), (a,), mesh) == logical_spec(("batch",), (b,), mesh)
+
+
 def constrain_vocab(x: jax.Array) -> jax.Array:
     """`x` (rows, ..., V) with its last axis split over the "vocab" axes and its rows over
     "data" only, as the vocabulary-split LM head computes it; unchanged when no mesh is set.

@@ -495,7 +495,9 @@ def grouped_hidden_states(
     Row n of the completions follows prompt n // G. The result equals `hidden_states` over the N
     rows [prompt n // G, completion n] split at the prompt (the tests hold it to that), at about
     B x P + N x T token positions of work instead of N x (P + T): a group's G samples share one
-    prompt, so its layers, and their gradients, run once.
+    prompt, so its layers, and their gradients, run once. Each group is laid out as one packed
+    sequence of P + G x T positions (its prompt, then its completions), so every projection and
+    the MLP are one matmul per weight, as in the flat forward; only the attention splits it.
 
     Args:
       params: the weights.
@@ -519,7 +521,39 @@ def grouped_hidden_states(
     attend_c = _grouped_attend(prompt_mask_BP, completion_mask_NT.astype(bool), cfg)
     rope_p = rope_tables(prompt_positions_BP, cfg, dt)
     rope_c = rope_tables(completion_positions_NT, cfg, dt)
+    x_p, x_c = params.embed[prompt_BP].astype(dt), params.embed[completion_NT].astype(dt)
+    final = lambda x: rms_norm(x, params.final_norm, cfg.norm_eps)  # noqa: E731
 
+    if sharding.rows_split_alike(B, N):
+        # Each group as one packed sequence, its prompt then its G completions: the projections
+        # and the MLP run once over all of them, one matmul per weight, and only the attention
+        # sees the parts. Two separate streams compile to about twice the program
+        # (benchmarks/update_compile.py); packed, the rows of a group stay on one device.
+        G = N // B
+
+        def pack(p_BP, c_NT):
+            return jnp.concatenate([p_BP, c_NT.reshape(B, G * T, *c_NT.shape[2:])], axis=1)
+
+        def unpack(x):
+            return x[:, :P], x[:, P:].reshape(N, T, *x.shape[2:])
+
+        rope = (pack(rope_p[0], rope_c[0]), pack(rope_p[1], rope_c[1]))
+
+        def packed_body(x, xs):
+            w, ad = xs
+            x = sharding.constrain_rows(x)
+            q, k, v = _qkv(x, w, rope, cfg, ad)
+            (qp, qc), (kp, kc), (vp, vc) = unpack(q), unpack(k), unpack(v)
+            attn = pack(attend_p(qp, kp, vp), attend_c(qc, kp, vp, kc, vc))
+            return sharding.constrain_rows(_out_and_mlp(x, attn, w, cfg, ad)), None
+
+        if cfg.remat:
+            packed_body = jax.checkpoint(packed_body, prevent_cse=False)
+        x, _ = jax.lax.scan(packed_body, pack(x_p, x_c), (params.layers, lora))
+        return unpack(final(x))
+
+    # Prompt and completion rows split differently over the mesh (B prompts do not divide over
+    # its row axes but N rows do): two streams, each row-split its own way.
     def body(carry, xs):
         w, ad = xs
         xp, xc = (sharding.constrain_rows(x) for x in carry)
@@ -532,9 +566,7 @@ def grouped_hidden_states(
 
     if cfg.remat:
         body = jax.checkpoint(body, prevent_cse=False)
-    x = (params.embed[prompt_BP].astype(dt), params.embed[completion_NT].astype(dt))
-    (xp, xc), _ = jax.lax.scan(body, x, (params.layers, lora))
-    final = lambda x: rms_norm(x, params.final_norm, cfg.norm_eps)  # noqa: E731
+    (xp, xc), _ = jax.lax.scan(body, (x_p, x_c), (params.layers, lora))
     return final(xp), final(xc)
 
 

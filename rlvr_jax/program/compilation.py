@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 
 from rlvr_jax.model import weight_cache
 
@@ -62,6 +63,9 @@ def enable_cache(directory: str | os.PathLike | None) -> Path | None:
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    # JAX opens its cache once, at the first compile: one that ran before this call (or a
+    # JAX_COMPILATION_CACHE_DIR in the environment) would otherwise keep the old directory.
+    compilation_cache.reset_cache()
     return path
 
 
