@@ -36,6 +36,10 @@ def pytest_configure(config):
         config._rlvr_jax_cache = tempfile.mkdtemp(prefix="rlvr_jax_test_compile_cache_")
         os.environ[_CACHE_ENV] = config._rlvr_jax_cache
     compilation.enable_cache(os.environ[_CACHE_ENV])
+    # Every program, not only those over a second: the suite compiles many small ones again and
+    # again (initialisations, samplers of the same shapes); measured on tests/model and
+    # tests/sampling, 4 min 56 s against 5 min 29 s.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def pytest_unconfigure(config):
