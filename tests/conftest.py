@@ -13,10 +13,19 @@ os.environ.setdefault("RLVR_JAX_WEIGHT_CACHE", "none")
 # XLA:CPU's LLVM passes at level 0: the suite is dominated by compiling small programs, which this
 # cuts by about 40% (measured on tests/rl/test_train_step.py); the matmuls are library calls either
 # way. Commands and benchmarks keep the default level. Subprocesses of the tests inherit it.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
-    ).strip()
+# The concurrency-optimised scheduler off: with it, the host path's update on 8 host devices
+# (the packed grouped forward's all-gathers) deadlocked in XLA:CPU's collective rendezvous in 6
+# of 8 runs of tests/test_main.py::test_host_verifier_path_reports_every_stage ("Expected 8
+# threads to join the rendezvous", then an abort that takes the worker down); with it off, in 0
+# of 9. Speed is the same either way (the microbatch tests of tests/rl/test_train_step.py, two
+# interleaved runs each: 51.8 and 56.7 s off, 56.2 and 53.2 s on).
+_SUITE_FLAGS = (
+    "--xla_backend_optimization_level=0",
+    "--xla_cpu_enable_concurrency_optimized_scheduler=false",
+)
+for _flag in _SUITE_FLAGS:
+    if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
 import jax  # noqa: E402
 
