@@ -1,5 +1,7 @@
 """GGUF loading: exact round trips of small files written here, and the embedded SmolLM2 checkpoint
-against `transformers`' own GGUF loader."""
+against `transformers`' own GGUF loader; then the sampler on it (greedy parity with
+`transformers`' generate on chat prompts, sampled log-probs against teacher forcing). The real
+weights are loaded once here, by us and by `transformers`, for all of these tests."""
 
 from __future__ import annotations
 
@@ -13,10 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlvr_jax import sampling
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import gguf, kv_cache, transformer
 from rlvr_jax.model.config import PRESETS, ModelConfig, RopeScaling
 from rlvr_jax.model.hf import CheckpointError, params_to_hf_tensors
+from rlvr_jax.sampling import SamplerConfig
+from tests.sampling.fixtures import hf_greedy, teacher_forced_logp
 
 # head_dim * num_heads != embed_dim, so the file must state the head width (key_length).
 TINY = ModelConfig(
@@ -277,3 +282,65 @@ def test_smollm2_greedy_answers_paris(smollm, hf_model, tokenizer, prompt_ids):
     T = len(prompt_ids)
     want = hf_logits(hf_model, prompt_ids + out[:end])[T - 1 :].argmax(-1)
     assert out[: end + 1] == want.tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# The sampler on the embedded model
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "What is 12 plus 7?",
+]
+
+
+@pytest.fixture(scope="module")
+def chat_prompts(tokenizer) -> list[list[int]]:
+    return [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True
+            )
+        )
+        for q in QUESTIONS
+    ]
+
+
+@pytest.mark.slow
+def test_smollm2_sampler_greedy_equals_transformers_generate(
+    smollm, hf_model, tokenizer, chat_prompts
+):
+    _, params, cfg = smollm
+    tok = tokenizer
+    prompt, lengths = sampling.bucket_and_pad(chat_prompts, (32, 64), pad_id=tok.pad_id)
+    T = 20
+    want = hf_greedy(hf_model, prompt, lengths, T, eos_ids=tok.eos_ids)
+    scfg = SamplerConfig(
+        max_new_tokens=T, method="greedy", eos_ids=tok.eos_ids, pad_id=0, layer_loop="scan"
+    )
+    r = sampling.sample(params, prompt, lengths, jax.random.key(0), cfg, scfg)
+    np.testing.assert_array_equal(np.asarray(r.tokens_NT), want)
+    answer = tok.decode(sampling.completions(r)[0])
+    assert "Paris" in answer, answer
+
+
+@pytest.mark.slow
+def test_smollm2_sampled_logp_equals_teacher_forced_forward(smollm, tokenizer, chat_prompts):
+    _, params, cfg = smollm
+    tok = tokenizer
+    prompt, lengths = sampling.bucket_and_pad(
+        chat_prompts, (32, 64), pad_id=tok.pad_id, group_size=2
+    )
+    # Both sampler tests run the scan layer loop: on real weights it compiles in a fraction of
+    # the unrolled loop's time, and tests/model/test_decode.py holds the two loops equal.
+    scfg = SamplerConfig(
+        max_new_tokens=16, eos_ids=tok.eos_ids, pad_id=tok.pad_id, layer_loop="scan"
+    )
+    sp = sampling.sampling_params(len(prompt), temperature=0.8)
+    r = sampling.sample(params, prompt, lengths, jax.random.key(1), cfg, scfg, sp)
+    mask = np.asarray(r.mask_NT)
+    assert mask.sum() >= 40
+    want = teacher_forced_logp(params, cfg, r, temperature=0.8)
+    np.testing.assert_allclose(
+        np.where(mask, np.asarray(r.logp_NT), 0), np.where(mask, want, 0), atol=1e-4
+    )
