@@ -144,7 +144,13 @@ def run(
             model_cfg, enc_eval, s.rm.batch_size, s.rm.buckets, tok.pad_id
         )
     stage = Stage(
-        name="RM", steps=steps, state=state, sampler=sampler, step=step, evaluate=evaluate
+        name="RM",
+        steps=steps,
+        state=state,
+        sampler=sampler,
+        step=step,
+        evaluate=evaluate,
+        eval_unit="pairs, pairwise accuracy",
     )
     result = run_stage(stage, s, workdir, log, allow_changed_settings, resume_step)
     losses = [float(m["rm/loss"]) for m in result.step_metrics]

@@ -68,6 +68,7 @@ class Stage:
       ref_source: where the reference parameters can be rebuilt from (not saved then).
       precompile: compiles the step's programs for a state (`jit(...).lower(...).compile()`);
         run on a thread while the evaluation before training runs, or None.
+      eval_unit: what the evaluation counts and measures, for the log line.
     """
 
     name: str
@@ -78,6 +79,7 @@ class Stage:
     evaluate: Evaluate | None = None
     ref_source: str | None = None
     precompile: Callable[[TrainState], None] | None = None
+    eval_unit: str = "prompts, greedy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,7 +289,7 @@ def run_stage(
     if eval_before is not None and eval_after is not None:
         log(
             f"held-out accuracy: before {eval_before['eval/accuracy']:.3f}, after "
-            f"{eval_after['eval/accuracy']:.3f} ({int(eval_after['eval/num_prompts'])} prompts, "
-            "greedy)"
+            f"{eval_after['eval/accuracy']:.3f} ({int(eval_after['eval/num_prompts'])} "
+            f"{stage.eval_unit})"
         )
     return RunResult(state, step, start_step, eval_before, eval_after, history)
