@@ -15,6 +15,12 @@ source. The prompt template, verifier, generation length and prompt buckets are 
 pass@k is the unbiased estimator of Chen et al. (2021) over n samples per prompt at
 `--temperature` (`eval_metrics`); mean@n is the fraction of correct samples. The JSON goes to
 `--out` or `<workdir>/eval/<data>[-step<N>].json`, and a table to the console.
+
+`--think_budgets=6,12,24` adds Qwen3's accuracy-against-thinking-budget curve
+(`program.thinking_budget`): greedy accuracy, the early-end rate (the share of thoughts the
+budget ended), length and truncation at each budget, with the sampler's think tokens or, where
+the settings set none, "<think>" and "</think>" as the tokenizer encodes them. `--template`
+evaluates under another prompt template (e.g. "qwen3_non_thinking", or a "/no_think" flag).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rlvr_jax.program import build, compilation, evaluation
+from rlvr_jax.program import build, compilation, evaluation, thinking_budget
 from rlvr_jax.program.settings import settings_from_config
 
 config_flags.DEFINE_config_file("config", None, "Experiment config file (with --source).")
@@ -49,6 +55,10 @@ flags.DEFINE_float("top_p", 1.0, "Top-p of the n samples.")
 flags.DEFINE_integer("max_new_tokens", 0, "Generation length (0: the settings').")
 flags.DEFINE_integer("batch_prompts", 0, "Prompts per generation call (0: the settings').")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
+flags.DEFINE_string("template", "", "Prompt template instead of the settings' data.template.")
+flags.DEFINE_string(
+    "think_budgets", "", "Comma-separated thinking budgets for the accuracy-vs-budget curve."
+)
 flags.DEFINE_string("out", "", "The JSON file (default: <workdir>/eval/<data>.json).")
 flags.DEFINE_string(
     "compile_cache",
@@ -81,6 +91,10 @@ def main(argv: list[str]) -> None:
         params, model_cfg = build.load_policy(settings.model, tok, settings.train.seed)
         stem = Path(f["config"].config_filename.split(":")[0]).stem
         workdir, model = Path("runs") / stem, settings.model.source
+    if f.template:
+        settings = dataclasses.replace(
+            settings, data=dataclasses.replace(settings.data, template=f.template)
+        )
     if f.datasets:
         specs = [x for x in f.datasets.split(",") if x]
         examples = evaluation.load_named(specs, settings.data, f.data_path, f.split, f.num_prompts)
@@ -109,8 +123,20 @@ def main(argv: list[str]) -> None:
     out = (
         Path(f.out) if f.out else workdir / "eval" / f"{label}{f'-step{step}' if step else ''}.json"
     )
+    budgets = [int(b) for b in f.think_budgets.split(",") if b.strip()]
+    curve = ""
+    if budgets:
+        s = thinking_budget.with_think_tokens(build.with_tokenizer_ids(settings, tok), tok)
+        if f.max_new_tokens:
+            sampler = dataclasses.replace(s.rl.sampler, max_new_tokens=f.max_new_tokens)
+            s = dataclasses.replace(s, rl=dataclasses.replace(s.rl, sampler=sampler))
+        points = thinking_budget.budget_curve(params, model_cfg, tok, s, examples, budgets)
+        result["think_budget"] = [dataclasses.asdict(p) for p in points]
+        curve = thinking_budget.markdown_table(points)
     evaluation.write_result(result, out)
     print(evaluation.format_table(result))
+    if curve:
+        print(curve, end="")
     print(f"wrote {out}")
 
 

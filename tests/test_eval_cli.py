@@ -212,3 +212,27 @@ def test_cli_skips_an_unreadable_latest_checkpoint_with_a_warning(run, tmp_path)
     assert step == 50
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(step50), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_cli_thinking_budget_curve_under_another_template(tmp_path):
+    """A random model in a thinking block that its prompt opened never closes it by itself: at
+    every budget the sampler ends the thought, and the curve is in the JSON and the table."""
+    out = tmp_path / "r.json"
+    proc = _eval(
+        f"--config={REPO / 'configs' / 'tiny.py'}",
+        "--config.model.tokenizer=chars:0123456789+-*=<>/thinko\n",
+        "--config.data.num_eval=4",
+        "--config.data.buckets=(16,)",
+        "--template=text:{question}=<think>",
+        "--think_budgets=2,3",
+        "--max_new_tokens=12",
+        f"--out={out}",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert [p["budget"] for p in result["think_budget"]] == [2, 3]
+    for p in result["think_budget"]:
+        assert p["early_end_rate"] == 1.0 and p["accuracy"] == 0.0
+        # The budget's tokens, then "\n</think>" injected (9 tokens), then the model's own.
+        assert p["length"] >= p["budget"] + 9
+    assert "| thinking budget | accuracy | early-end rate |" in proc.stdout

@@ -30,6 +30,7 @@ from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.program import build
 from rlvr_jax.program.settings import Settings
+from rlvr_jax.sft.fusion import THINK_CLOSE, THINK_OPEN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,27 @@ class BudgetPoint:
     early_end_rate: float
     length: float
     truncated: float
+
+
+def with_think_tokens(settings: Settings, tok: Tokenizer) -> Settings:
+    """The settings with `rl.sampler`'s think_open, think_close and think_stop filled from the
+    texts "<think>", "</think>" and "\\n</think>" where the config sets none."""
+    cfg = settings.rl.sampler
+    if cfg.think_open and cfg.think_close and cfg.think_stop:
+        return settings
+    try:
+        cfg = dataclasses.replace(
+            cfg,
+            think_open=tuple(tok.encode(THINK_OPEN)),
+            think_close=tuple(tok.encode(THINK_CLOSE)),
+            think_stop=tuple(tok.encode("\n" + THINK_CLOSE)),
+        )
+    except ValueError as e:
+        raise ValueError(
+            "a thinking budget needs rl.sampler.think_open, think_close and think_stop, or a "
+            f"tokenizer that encodes {THINK_OPEN!r}, {THINK_CLOSE!r} and a line break: {e}"
+        ) from None
+    return dataclasses.replace(settings, rl=dataclasses.replace(settings.rl, sampler=cfg))
 
 
 def budget_curve(
