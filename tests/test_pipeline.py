@@ -10,11 +10,11 @@ import jax
 import numpy as np
 import pytest
 
-from configs.pipelines import r1_qwen3, r1_tiny
+from configs.pipelines import qwen3_tiny, r1_qwen3, r1_tiny
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import hf
-from rlvr_jax.program import build, pipeline, pipeline_eval
+from rlvr_jax.program import build, pipeline, pipeline_eval, thinking_budget
 from rlvr_jax.program import metrics as metrics_lib
 from rlvr_jax.program import settings as settings_lib
 
@@ -29,24 +29,61 @@ def _stage_settings(config):
 
 def test_shipped_configs_build_every_stage():
     ps, built = _stage_settings(r1_tiny.get_config())
-    assert [s.name for s in ps.stages] == ["sft_cold", "rl", "rs_sft"]
-    assert [s.train.stage for s in built] == ["sft", "rl", "sft"]
-    assert [s.train.steps for s in built] == [60, 40, 30]
-    assert [s.rejection_samples for s in ps.stages] == [0, 0, 4]
+    assert [s.name for s in ps.stages] == ["sft_cold", "rl", "rs_sft", "rm", "rl_general"]
+    assert [s.train.stage for s in built] == ["sft", "rl", "sft", "rm", "rl"]
+    assert [s.train.steps for s in built] == [60, 40, 30, 300, 20]
+    assert [s.rejection_samples for s in ps.stages] == [0, 0, 4, 0, 0]
     assert all(s.sft.export for s in built)
     assert ps.baseline == "sft_cold" and ps.eval_ks == (1, 4, 8)
     # The stages differ from the base only where their overrides say.
-    assert built[0].data == built[1].data == built[2].data
+    assert built[0].data == built[1].data == built[2].data == built[4].data
+    assert built[4].reward.rm_path == "@rm" and built[1].reward.rm_path == ""
 
-    config = r1_qwen3.get_config("traces=/data/traces.jsonl")
+    config = r1_qwen3.get_config("traces=/data/traces.jsonl,prefs=/data/prefs.jsonl")
     config.model.source = "random:qwen3-0.6b"  # no weights offline; the settings are the point
     ps, built = _stage_settings(config)
     assert built[0].sft.path == "/data/traces.jsonl" and built[2].sft.path == ""
     assert built[1].reward.verifier == "math" and built[1].reward.format == "r1"
     assert ps.baseline == "rl" and ps.stages[2].rejection_samples == 4
+    assert [s.train.stage for s in built] == ["sft", "rl", "sft", "rm", "rl"]
+    assert built[3].rm.path == "/data/prefs.jsonl" and built[4].reward.rm_path == "@rm"
+    with pytest.raises(ValueError, match="unknown argument 'trace'"):
+        r1_qwen3.get_config("trace=/data/traces.jsonl")
 
 
-def test_bad_pipelines_are_named():
+def test_qwen3_tiny_builds_every_stage_and_its_fusion_rows(tmp_path):
+    config = qwen3_tiny.get_config()
+    ps, built = _stage_settings(config)
+    assert [s.train.stage for s in built] == ["sft", "rl", "sft"]
+    assert [s.fusion.think_fraction if s.fusion else None for s in ps.stages] == [1.0, None, 0.5]
+    assert built[1].data.template == qwen3_tiny.THINK and built[1].reward.verifier == "math"
+    assert dict(ps.eval_modes) == {"think": qwen3_tiny.THINK, "no_think": qwen3_tiny.NO_THINK}
+    assert ps.eval_think_budgets == (8, 16, 32) and ps.eval_budget_mode == "think"
+    assert ps.headline == "think acc." and ps.eval_samples == 0
+
+    config.data.num_train = 64
+    _, base = pipeline.split_config(config)
+    tok = build.build_tokenizer(built[0].model)
+    for stage, thinking in ((ps.stages[0], {True}), (ps.stages[2], {True, False})):
+        c = pipeline.stage_config(base, stage, "random:tiny")
+        path = pipeline.write_fusion_data(c, stage.fusion, tmp_path / stage.name / "fusion.jsonl")
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        assert len(rows) == 64
+        modes = set()
+        for row in rows:
+            question, flag = row["prompt"].rsplit(" ", 1)
+            value = str(eval(question))  # noqa: S307 - generated arithmetic
+            assert row["response"].endswith(f"</think>\n\n#### {value}")
+            modes.add(flag == "/think")
+            empty = row["response"] == f"<think>\n\n</think>\n\n#### {value}"
+            assert empty == (flag == "/no_think"), row
+            tok.encode(row["prompt"] + "=" + row["response"])  # every character is in the alphabet
+        assert modes == thinking
+        # A rerun reads the rows it wrote.
+        assert pipeline.write_fusion_data(c, stage.fusion, path).read_text() == path.read_text()
+
+
+def test_bad_pipelines_are_named(tmp_path):
     c = r1_tiny.get_config()
     c.pipeline.stages[1]["overrides"]["rl.loss.aggregaton"] = "token_mean"
     ps, base = pipeline.split_config(c)
@@ -64,6 +101,37 @@ def test_bad_pipelines_are_named():
     c.pipeline.evals = 3
     with pytest.raises(ConfigError, match="pipeline.evals"):
         pipeline.split_config(c)
+    c = r1_tiny.get_config()
+    c.pipeline.stages[1]["overrides"]["reward.rm_path"] = "@rm"  # the rm stage comes later
+    ps, base = pipeline.split_config(c)
+    with pytest.raises(ConfigError, match="'rl': reward.rm_path='@rm' names no earlier reward"):
+        pipeline._check_stages(base, ps)
+    c = r1_tiny.get_config()
+    c.pipeline.baseline = "rm"
+    ps, base = pipeline.split_config(c)
+    with pytest.raises(ConfigError, match="baseline='rm' is a reward-model stage"):
+        pipeline._check_stages(base, ps)
+    rl_general = pipeline.stage_config(base, ps.stages[4], "random:tiny")
+    with pytest.raises(ConfigError, match="rm_path='@rm' names no earlier stage"):
+        pipeline.resolve_stage_refs(rl_general, {"sft_cold": tmp_path})
+    resolved = pipeline.resolve_stage_refs(rl_general, {"rm": tmp_path / "4_rm"})
+    assert resolved.reward.rm_path == str(tmp_path / "4_rm")
+    c = r1_tiny.get_config()
+    c.pipeline.stages[1]["fusion"] = {"think_fraction": 0.5}
+    ps, base = pipeline.split_config(c)
+    with pytest.raises(ConfigError, match="'rl': fusion data needs train.stage='sft'"):
+        pipeline._check_stages(base, ps)
+    c.pipeline.stages[1]["fusion"] = {"think_fraction": 1.5}
+    with pytest.raises(ConfigError, match="think_fraction=1.5"):
+        pipeline.split_config(c)
+    c = qwen3_tiny.get_config()
+    c.pipeline.eval_budget_mode = "thinking"
+    with pytest.raises(ConfigError, match="eval_budget_mode='thinking'"):
+        pipeline.split_config(c)
+    c = qwen3_tiny.get_config()
+    c.pipeline.eval_modes = {"think": "txt:{question}"}
+    with pytest.raises(ConfigError, match="eval_modes.think: prompt template 'txt:{question}'"):
+        pipeline._check_stages(*reversed(pipeline.split_config(c)))
     c = r1_tiny.get_config()
     del c["pipeline"]
     with pytest.raises(ConfigError, match="no 'pipeline' section"):
@@ -88,6 +156,29 @@ def test_table_by_hand():
     assert table[3] == "| 1_sft | 10 | 0.500 | n/a | +0.250 |"
     assert table[4] == "| 2_rl | 5 | 0.375 | n/a | -0.125 |"
     assert table[5] == "| baseline_sft | 15 | 0.625 | n/a | +0.375 |"
+    for r, think in zip(rows, (0.5, 0.75, 0.25, 0.5), strict=True):
+        r["eval"]["think acc."] = think
+    table = pipeline_eval.markdown_table(rows, headline="think acc.").splitlines()
+    assert table[0] == "| stage | steps | greedy acc. | think acc. | format rate | Δ think acc. |"
+    assert table[4] == "| 2_rl | 5 | 0.375 | 0.250 | n/a | -0.500 |"
+
+
+def test_thinking_blocks_and_think_tokens():
+    assert pipeline_eval.has_thought("<think>\n47+30=77\n</think>\n\n#### 77")
+    assert pipeline_eval.has_thought("<think>\n47+3")  # never closed, but something in it
+    assert not pipeline_eval.has_thought("<think>\n\n</think>\n\n#### 77")
+    assert not pipeline_eval.has_thought("#### 77 </think> 4")
+    c = pipeline.split_config(qwen3_tiny.get_config())[1]
+    s = settings_lib.settings_from_config(c)
+    tok = build.build_tokenizer(s.model)
+    filled = thinking_budget.with_think_tokens(s, tok).rl.sampler
+    assert tok.decode(filled.think_open) == "<think>" and len(filled.think_open) == 7
+    assert tok.decode(filled.think_close) == "</think>"
+    assert tok.decode(filled.think_stop) == "\n</think>"
+    c.rl.sampler.think_open, c.rl.sampler.think_close = (5,), (6,)
+    c.rl.sampler.think_stop = (6,)
+    s = settings_lib.settings_from_config(c)
+    assert thinking_budget.with_think_tokens(s, tok) is s  # the config's own are kept
 
 
 def test_response_text_drops_only_the_end_token():
@@ -106,13 +197,17 @@ def _trimmed(rs_steps):
     c.eval.batch_prompts = 16
     c.train.checkpoint_every = 2
     c.sft.batch_size = 16
-    cold, _, rs = c.pipeline.stages
+    cold, _, rs, rm, _ = c.pipeline.stages
     cold["overrides"]["train.steps"] = 40  # enough for some verified answers to sample
     rs["overrides"]["train.steps"] = rs_steps
     rs["rejection_samples"] = 2
-    c.pipeline.stages = [cold, rs]
+    rm["overrides"]["train.steps"] = 2
+    c.rm.num_eval = 16
+    c.pipeline.stages = [cold, rs, rm]
     c.pipeline.eval_samples = 2
     c.pipeline.eval_ks = "1,2"
+    # A mode whose template is the base's: its greedy results must be the suite's own.
+    c.pipeline.eval_modes = {"plain": c.data.template}
     return c
 
 
@@ -132,6 +227,12 @@ def test_trimmed_r1_pipeline_end_to_end_and_resume(tmp_path):
     (base,) = out["baselines"]
     assert (base["stage"], base["steps"]) == ("baseline_sft_cold", 42)
     assert base["started_from"] == "random:tiny"
+    # The reward-model stage: from the last policy's weights, not a row, not in the step count.
+    (rm,) = out["reward_models"]
+    assert (rm["stage"], rm["steps"], rm["kind"]) == ("3_rm", 2, "rm")
+    assert rm["started_from"] == out["rows"][2]["source"]
+    assert 0 <= rm["eval"]["eval/accuracy"] <= 1
+    assert (tmp_path / "3_rm" / "checkpoints" / "2").is_dir()
     demos = (tmp_path / "2_rs_sft" / "rejection.jsonl").read_text().splitlines()
     assert demos
     for line in demos:  # every kept answer is verified: its last number is the sum, then the end
@@ -143,6 +244,10 @@ def test_trimmed_r1_pipeline_end_to_end_and_resume(tmp_path):
                  "format rate", "language consistency"):  # fmt: skip
         assert name in suite, name
     assert suite["pass@2"] >= suite["pass@1"]
+    for row in out["rows"]:
+        e = row["eval"]
+        assert (e["plain acc."], e["plain length"]) == (e["greedy acc."], e["length"])
+        assert e["plain thought rate"] == 0.0
     table = (tmp_path / "pipeline.md").read_text()
     assert table == out["table"]
     for label in [*labels, "baseline_sft_cold"]:
@@ -151,7 +256,7 @@ def test_trimmed_r1_pipeline_end_to_end_and_resume(tmp_path):
 
     # A rerun trains nothing; a longer last stage (train.steps may change on resume) resumes it
     # from its checkpoint at step 2 and leaves the stage before it alone.
-    ledgers = {label: tmp_path / label / "metrics.jsonl" for label in labels[1:]}
+    ledgers = {label: tmp_path / label / "metrics.jsonl" for label in [*labels[1:], "3_rm"]}
     stamps = {k: p.stat().st_mtime_ns for k, p in ledgers.items()}
     again = pipeline.run_pipeline(_trimmed(rs_steps=2), tmp_path, log=messages.append)
     assert again["table"] == out["table"]
@@ -166,6 +271,7 @@ def test_trimmed_r1_pipeline_end_to_end_and_resume(tmp_path):
     assert [r["step"] for r in metrics_lib.step_rows(records)] == [1, 2, 3, 4]
     assert longer["baselines"][0]["steps"] == 44
     assert ledgers["1_sft_cold"].stat().st_mtime_ns == stamps["1_sft_cold"]
+    assert ledgers["3_rm"].stat().st_mtime_ns == stamps["3_rm"]
 
     # An RL stage does not export itself: the pipeline writes its weights from the newest
     # checkpoint, as here from the cold start's.

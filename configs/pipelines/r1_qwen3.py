@@ -1,10 +1,12 @@
-"""The DeepSeek-R1 recipe on Qwen3-0.6B, for one accelerator: SFT cold start -> RL -> RS-SFT.
+"""The DeepSeek-R1 recipe on Qwen3-0.6B, for one accelerator: SFT cold start -> RL -> RS-SFT ->
+RL with a reward model.
 
 Command (a TPU VM or a GPU host; GSM8K from the hub or `--config.data.path`; the cold start's
-reasoning traces from a JSONL file of {"prompt", "response"} rows, the first stage's `sft.path`):
-  python -m rlvr_jax.pipeline \\
-      --config=configs/pipelines/r1_qwen3.py:traces=/data/traces.jsonl --workdir=runs/r1_qwen3
-Without `:traces=...` the cold start fine-tunes on the GSM8K training answers in the R1 format
+reasoning traces from a JSONL file of {"prompt", "response"} rows, the first stage's `sft.path`;
+optionally preference pairs, {"prompt", "chosen", "rejected"} rows, for the reward model):
+  python -m rlvr_jax.pipeline --workdir=runs/r1_qwen3 \\
+      --config=configs/pipelines/r1_qwen3.py:traces=/data/traces.jsonl,prefs=/data/prefs.jsonl
+Without `traces=...` the cold start fine-tunes on the GSM8K training answers in the R1 format
 with an empty thought ("</think> <answer>ANSWER</answer>", after the template's "<think>"): it
 teaches the format, not reasoning.
 
@@ -14,8 +16,12 @@ math verifier plus 0.1 x the R1 format, 512 new tokens). The stages:
      "<think>...</think> <answer>...</answer>"), lr 1e-5;
   2. rl: 200 GRPO steps of 32 prompts x 8 samples, lr 1e-6;
   3. rs_sft: 4 answers per GSM8K training problem sampled from the RL policy, the verified ones
-     kept, 100 SFT steps, lr 5e-6.
-The baseline branch spends the same 500 steps on RL alone from Qwen3-0.6B. After every stage:
+     kept, 100 SFT steps, lr 5e-6;
+  4. rm: a reward model from the rs_sft policy, 200 Bradley-Terry steps on the `prefs=` pairs
+     (without them: GSM8K training problems, the right answer chosen over another problem's);
+  5. rl_general: 100 GRPO steps with the reward model's score (whitened per batch, weight 0.5)
+     beside the math verifier and the format.
+The baseline branch spends the same 600 policy steps on RL alone from Qwen3-0.6B. After every stage:
 greedy accuracy on 256 GSM8K test problems, pass@1/4 and mean@4 from 4 samples, length,
 truncation, R1 format rate and language consistency.
 
@@ -30,13 +36,20 @@ from configs import qwen_small
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    traces = (arg or "").removeprefix("traces=")
+    args = dict(kv.split("=", 1) for kv in (arg or "").split(",") if kv)
+    unknown = sorted(set(args) - {"traces", "prefs"})
+    if unknown:
+        raise ValueError(f"unknown argument {unknown[0]!r}; known: traces=PATH, prefs=PATH")
+    traces = args.get("traces", "")
     c = qwen_small.get_config("qwen3")
     c.sft.buckets = (512, 768)
     c.sft.batch_size = 32
     c.sft.eval = False
     c.sft.response_format = " </think> <answer>{answer}</answer>"
     c.train.eval_every = 0  # the pipeline evaluates after every stage
+    c.rm.path = args.get("prefs", "")
+    c.rm.buckets = (512, 768)
+    c.rm.batch_size = 16
     c.pipeline = ml_collections.ConfigDict(
         {
             "stages": [
@@ -58,6 +71,24 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                         "optim.learning_rate": 5e-6,
                     },
                     "rejection_samples": 4,
+                },
+                {
+                    "name": "rm",
+                    "overrides": {
+                        "train.stage": "rm",
+                        "train.steps": 200,
+                        "optim.learning_rate": 5e-6,
+                    },
+                },
+                {
+                    "name": "rl_general",
+                    "overrides": {
+                        "train.stage": "rl",
+                        "train.steps": 100,
+                        "reward.rm_path": "@rm",
+                        "reward.rm_weight": 0.5,
+                        "reward.rm_norm": "batch",
+                    },
                 },
             ],
             "baseline": "rl",

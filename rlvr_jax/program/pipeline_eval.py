@@ -8,7 +8,10 @@ The suite: greedy accuracy on the held-out prompts, overall and per data source;
 mean@n from n samples per prompt (`evaluation.evaluate`, the `rlvr_jax.eval` command's numbers);
 the mean greedy response length and the truncation rate; and, from the same greedy responses, the
 format rate (the task's "format" part, where the task has one) and the language-consistency rate
-(`rewards.format.language_consistency` of each response against its prompt).
+(`rewards.format.language_consistency` of each response against its prompt). Where the pipeline
+names prompt templates for thinking on and off (`pipeline.eval_modes`), greedy accuracy, length
+and the rate of non-empty thinking blocks under each (`mode_rates`); where it names thinking
+budgets, greedy accuracy and the early-end rate at each (`program.thinking_budget`).
 
 Host code: generation and verification are `evaluation`'s and the task's.
 """
@@ -30,9 +33,10 @@ from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
-from rlvr_jax.program import build, evaluation, plots
+from rlvr_jax.program import build, evaluation, plots, thinking_budget
 from rlvr_jax.program.settings import Settings
 from rlvr_jax.rewards import format as format_lib
+from rlvr_jax.sft.fusion import THINK_CLOSE, THINK_OPEN
 
 ACCURACY = "greedy acc."
 LENGTH = "length"
@@ -49,19 +53,27 @@ def response_text(tokens: Sequence[int], tok: Tokenizer) -> str:
     return tok.decode(ids)
 
 
-def greedy_rates(
+def has_thought(text: str) -> bool:
+    """Whether a response opens a thinking block with something in it before its close (or
+    before the end, for a block the response never closed)."""
+    start = text.find(THINK_OPEN)
+    if start < 0:
+        return False
+    inside = text[start + len(THINK_OPEN) :]
+    end = inside.find(THINK_CLOSE)
+    return bool((inside if end < 0 else inside[:end]).strip())
+
+
+def _greedy_scores(
     params: Params,
     model_cfg: ModelConfig,
     tok: Tokenizer,
     settings: Settings,
     examples: Sequence[Example],
-) -> dict[str, float]:
-    """Format and language-consistency rates of the greedy responses.
-
-    Returns:
-      {FORMAT: mean of the task's "format" part (absent when the task has none), LANGUAGE: mean
-      language consistency of each response against its prompt text}.
-    """
+) -> dict[str, np.ndarray]:
+    """Per greedy response under the settings' template: the task's parts ("correct" and
+    "format" where it has one), "language" (consistency with the prompt), "thought" (a
+    non-empty thinking block) and "length" (tokens)."""
     s = settings
     template = templates.get_template(s.data.template)
     enc = templates.encode_prompts(examples, template, tok, s.data.buckets)
@@ -76,12 +88,17 @@ def greedy_rates(
                 format_lib.language_consistency(ex.prompt_text, text)
                 for ex, text in zip(rows, texts, strict=True)
             ]
-            out = {"language": np.asarray(language, np.float32)}
+            out = {
+                "correct": np.asarray(parts["correct"], np.float32),
+                "language": np.asarray(language, np.float32),
+                "thought": np.asarray([has_thought(t) for t in texts], np.float32),
+                "length": np.asarray(rollout.lengths_N, np.float32),
+            }
             if "format" in parts:
                 out["format"] = np.asarray(parts["format"], np.float32)
             return out
 
-        scored = sampling.generate_in_batches(
+        return sampling.generate_in_batches(
             params,
             enc.ids,
             score,
@@ -91,8 +108,70 @@ def greedy_rates(
             buckets=s.data.buckets,
             pad_id=tok.pad_id,
         )
+
+
+def greedy_rates(
+    params: Params,
+    model_cfg: ModelConfig,
+    tok: Tokenizer,
+    settings: Settings,
+    examples: Sequence[Example],
+) -> dict[str, float]:
+    """Format and language-consistency rates of the greedy responses.
+
+    Returns:
+      {FORMAT: mean of the task's "format" part (absent when the task has none), LANGUAGE: mean
+      language consistency of each response against its prompt text}.
+    """
+    scored = _greedy_scores(params, model_cfg, tok, settings, examples)
     out = {FORMAT: float(np.mean(scored["format"]))} if "format" in scored else {}
     out[LANGUAGE] = float(np.mean(scored["language"]))
+    return out
+
+
+def mode_rates(
+    params: Params,
+    model_cfg: ModelConfig,
+    tok: Tokenizer,
+    settings: Settings,
+    examples: Sequence[Example],
+    modes: Sequence[tuple[str, str]],
+) -> dict[str, float]:
+    """Greedy results under each (label, prompt template) of `modes`, e.g. thinking on and off
+    ("qwen3_thinking" / "qwen3_non_thinking", or a plain template with "/think" or "/no_think"
+    after the question).
+
+    Returns:
+      {"<label> acc.": greedy accuracy, "<label> length": mean response tokens, "<label>
+      thought rate": the share of responses with a non-empty thinking block} for each mode.
+    """
+    out = {}
+    for label, template in modes:
+        s = dataclasses.replace(
+            settings, data=dataclasses.replace(settings.data, template=template)
+        )
+        scored = _greedy_scores(params, model_cfg, tok, s, examples)
+        out[f"{label} acc."] = float(np.mean(scored["correct"] > 0.5))
+        out[f"{label} length"] = float(np.mean(scored["length"]))
+        out[f"{label} thought rate"] = float(np.mean(scored["thought"]))
+    return out
+
+
+def budget_rates(
+    params: Params,
+    model_cfg: ModelConfig,
+    tok: Tokenizer,
+    settings: Settings,
+    examples: Sequence[Example],
+    budgets: Sequence[int],
+) -> dict[str, float]:
+    """Greedy accuracy and early-end rate at each thinking budget (`thinking_budget`), under
+    the settings' template: {"acc. budget <b>", "early end budget <b>"} for each budget."""
+    s = thinking_budget.with_think_tokens(settings, tok)
+    out = {}
+    for p in thinking_budget.budget_curve(params, model_cfg, tok, s, examples, budgets):
+        out[f"acc. budget {p.budget}"] = p.accuracy
+        out[f"early end budget {p.budget}"] = p.early_end_rate
     return out
 
 
@@ -119,17 +198,28 @@ def evaluate_source(
     source: str,
     settings: Settings,
     options: evaluation.EvalOptions,
+    modes: Sequence[tuple[str, str]] = (),
+    think_budgets: Sequence[int] = (),
+    budget_mode: str = "",
     log: Callable[[str], None] = print,
 ) -> dict[str, float]:
     """The suite on the weights at `source` (any `model.source`), with `settings`' data, template,
-    verifier and generation length: one table row (see `summarize`)."""
+    verifier and generation length: one table row (see `summarize`), with `mode_rates` for
+    `modes` and `budget_rates` for `think_budgets` under the template of mode `budget_mode`
+    (the settings' own for "")."""
     model = dataclasses.replace(settings.model, source=source)
     tok = build.build_tokenizer(model)
     s = build.with_tokenizer_ids(dataclasses.replace(settings, model=model), tok)
     params, model_cfg = build.load_policy(model, tok, s.train.seed)
     examples = build.load_examples(s.data)[1]
     result = evaluation.evaluate(params, model_cfg, tok, s, examples, options, log=log)
-    return summarize(result, greedy_rates(params, model_cfg, tok, s, examples))
+    row = summarize(result, greedy_rates(params, model_cfg, tok, s, examples))
+    row.update(mode_rates(params, model_cfg, tok, s, examples, modes))
+    if think_budgets:
+        template = dict(modes)[budget_mode] if budget_mode else s.data.template
+        b = dataclasses.replace(s, data=dataclasses.replace(s.data, template=template))
+        row.update(budget_rates(params, model_cfg, tok, b, examples, think_budgets))
+    return row
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,21 +242,23 @@ def metric_names(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(names)
 
 
-def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
+def markdown_table(rows: Sequence[Mapping[str, Any]], headline: str = ACCURACY) -> str:
     """Stage x metric, one row per stage (stage 0 the starting model, then each stage, then any
-    baseline branch), with the change in greedy accuracy over the row the stage started from.
+    baseline branch), with the change in the `headline` metric over the row the stage started
+    from (the last column, "Δ <headline>").
 
     Args:
       rows: {"stage": label, "steps": int, "from": label of the row it started from or None,
         "eval": {metric: value}} each.
+      headline: the metric whose change is shown.
     """
     names = metric_names(rows)
     by_label = {r["stage"]: r for r in rows}
-    head = ["stage", "steps", *names, "Δ acc."]
+    head = ["stage", "steps", *names, "Δ acc." if headline == ACCURACY else f"Δ {headline}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         start = by_label.get(r["from"]) if r["from"] else None
-        delta = "" if start is None else f"{r['eval'][ACCURACY] - start['eval'][ACCURACY]:+.3f}"
+        delta = "" if start is None else f"{r['eval'][headline] - start['eval'][headline]:+.3f}"
         cells = [r["stage"], _fmt(r["steps"]), *(_fmt(r["eval"].get(n)) for n in names), delta]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
