@@ -3,7 +3,7 @@
 import pytest
 
 from configs import tiny
-from rlvr_jax.program import build, thinking_budget
+from rlvr_jax.program import build, pipeline_eval, thinking_budget
 from rlvr_jax.program import settings as settings_lib
 
 
@@ -36,6 +36,14 @@ def test_early_end_rate_falls_as_the_budget_grows():
     assert one.early_end_rate > 0  # a random model rarely closes its block in one token
     for p in points:
         assert 0 <= p.accuracy <= 1 and 1 <= p.length <= 5
+    # The pipeline's columns are the same points.
+    columns = pipeline_eval.budget_rates(params, model_cfg, tok, s, examples, (1, 3))
+    assert columns == {
+        "acc. budget 1": one.accuracy,
+        "early end budget 1": one.early_end_rate,
+        "acc. budget 3": three.accuracy,
+        "early end budget 3": three.early_end_rate,
+    }
 
 
 def test_table_by_hand():
