@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs.pipelines import qwen3_tiny, r1_qwen3, r1_tiny
+from configs.pipelines import qwen3_gsm8k, qwen3_tiny, r1_qwen3, r1_tiny
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import hf
@@ -49,6 +49,15 @@ def test_shipped_configs_build_every_stage():
     assert built[3].rm.path == "/data/prefs.jsonl" and built[4].reward.rm_path == "@rm"
     with pytest.raises(ValueError, match="unknown argument 'trace'"):
         r1_qwen3.get_config("trace=/data/traces.jsonl")
+
+    config = qwen3_gsm8k.get_config()
+    config.model.source = "random:qwen3-0.6b"
+    ps, built = _stage_settings(config)
+    assert [s.train.stage for s in built] == ["sft", "rl", "sft"]
+    assert [s.fusion.switch for s in (ps.stages[0], ps.stages[2])] == ["enable_thinking"] * 2
+    assert built[1].data.template == "qwen3_thinking" and built[1].reward.format == "none"
+    assert built[0].sft.response_format.replace("{answer}", "18") == "The answer is \\boxed{18}."
+    assert ps.headline == "think acc." and dict(ps.eval_modes)["no_think"] == "qwen3_non_thinking"
 
 
 def test_qwen3_tiny_builds_every_stage_and_its_fusion_rows(tmp_path):

@@ -131,6 +131,17 @@ def gsm8k_gold(solution: Any) -> str:
     return text.rsplit("####", 1)[1].strip().replace(",", "")
 
 
+_CALCULATOR = re.compile(r"<<[^<>]*>>")
+
+
+def gsm8k_thought(solution: Any) -> str:
+    """The reasoning of a GSM8K solution: the text before its last "####", without the
+    calculator annotations ("<<48/2=24>>"); "" when it has none."""
+    if not isinstance(solution, str) or "####" not in solution:
+        return ""
+    return _CALCULATOR.sub("", solution.rsplit("####", 1)[0]).strip()
+
+
 # ---------------------------------------------------------------------------------------------
 # Multiple-choice and true/false detection
 
@@ -181,6 +192,8 @@ class SourceSpec:
       question_field: the row field that holds the question.
       answer_field: the row field that holds the gold answer (or a solution holding it).
       gold: turns the answer field into the gold string.
+      thought: the reasoning in the answer field, kept as `meta["thought"]` (the thinking rows of
+        `sft.traces`), or None where the field holds only the answer.
       difficulty_fields: fields tried in order for the difficulty (the first present is used).
       hf: (path, config name, default split) on the Hugging Face hub, or None.
       tfds: (builder name, default split) in TFDS, or None.
@@ -190,6 +203,7 @@ class SourceSpec:
     question_field: str
     answer_field: str
     gold: Callable[[Any], str] = _scalar_answer
+    thought: Callable[[Any], str] | None = None
     difficulty_fields: tuple[str, ...] = ("difficulty", "level")
     hf: tuple[str, str | None, str] | None = None
     tfds: tuple[str, str] | None = None
@@ -201,6 +215,7 @@ SOURCES: dict[str, SourceSpec] = {
         "question",
         "answer",
         gold=gsm8k_gold,
+        thought=gsm8k_thought,
         hf=("openai/gsm8k", "main", "test"),
         tfds=("gsm8k", "test"),
     ),
@@ -255,12 +270,14 @@ def _example_from_row(
         raise MalformedRowError(
             "empty_answer", f"{answer_field}={row[answer_field]!r} gives an empty answer"
         )
+    thought = spec.thought(row[answer_field]) if spec.thought is not None else ""
     return Example(
         id=f"{spec.name}/{split}/{index}",
         prompt_text=question.strip(),
         answer=gold,
         source=spec.name,
         difficulty=_difficulty(row, spec.difficulty_fields),
+        meta={"thought": thought} if thought else {},
     )
 
 

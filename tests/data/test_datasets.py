@@ -55,6 +55,18 @@ def test_gsm8k_gold_is_the_final_number_without_commas():
         assert examples[i].answer == raw[i]["answer"].rsplit("####", 1)[1].strip().replace(",", "")
     for ex in examples:
         float(ex.answer)  # every GSM8K gold is a plain number
+    # The written solution, without its calculator annotations, is the example's thought.
+    thought = examples[0].meta["thought"]
+    assert thought.startswith("Janet sells 16 - 3 - 4 = 9 duck eggs a day.")
+    assert "<<" not in thought and "####" not in thought
+    assert all("<<" not in ex.meta["thought"] and ex.meta["thought"] for ex in examples)
+
+
+def test_gsm8k_thought_by_hand():
+    solution = "She has 48/2 = <<48/2=24>>24 left.\nThen 24+1=<<24+1=25>>25.\n#### 25"
+    assert ds.gsm8k_thought(solution) == "She has 48/2 = 24 left.\nThen 24+1=25."
+    assert ds.gsm8k_thought("no marker") == ""
+    assert ds.gsm8k_thought(25) == ""
 
 
 @needs_shared_data
@@ -297,7 +309,7 @@ def test_hub_rows_go_through_the_same_parsing(monkeypatch):
     )
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake_tfds)
     examples, _ = ds.load("gsm8k", hub="tfds", split="train")
-    assert examples == [ds.Example("gsm8k/train/0", "q?", "1000", "gsm8k")]
+    assert examples == [ds.Example("gsm8k/train/0", "q?", "1000", "gsm8k", meta={"thought": "x"})]
 
 
 @needs_shared_data
