@@ -117,6 +117,7 @@ def main(argv: list[str]) -> None:
         model=model,
         checkpoint_step=step,
         data=label,
+        template=settings.data.template,
         options=dataclasses.asdict(options),
         wall_s=time.time() - start,
     )
@@ -130,6 +131,10 @@ def main(argv: list[str]) -> None:
         if f.max_new_tokens:
             sampler = dataclasses.replace(s.rl.sampler, max_new_tokens=f.max_new_tokens)
             s = dataclasses.replace(s, rl=dataclasses.replace(s.rl, sampler=sampler))
+        if f.batch_prompts:
+            s = dataclasses.replace(
+                s, eval=dataclasses.replace(s.eval, batch_prompts=f.batch_prompts)
+            )
         points = thinking_budget.budget_curve(params, model_cfg, tok, s, examples, budgets)
         result["think_budget"] = [dataclasses.asdict(p) for p in points]
         curve = thinking_budget.markdown_table(points)

@@ -231,6 +231,7 @@ def test_cli_thinking_budget_curve_under_another_template(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     assert [p["budget"] for p in result["think_budget"]] == [2, 3]
+    assert result["template"] == "text:{question}=<think>"
     for p in result["think_budget"]:
         assert p["early_end_rate"] == 1.0 and p["accuracy"] == 0.0
         # The budget's tokens, then "\n</think>" injected (9 tokens), then the model's own.

@@ -8,7 +8,12 @@ ended the thought early (rows where the sampler injected the stop text: the mode
 its block by itself) and the mean response length.
 
 With greedy decoding the tokens before the budget is reached do not depend on the budget, so the
-early-end rate can only fall as the budget grows.
+early-end rate can only fall as the budget grows. The budget counts every token after the opening
+until the closing sequence is complete, so with a closing text of several tokens (a character
+tokenizer's "</think>") a thought ends early unless the budget also covers its closing tokens.
+
+`with_think_tokens` fills the think token settings from the texts "<think>" and "</think>" where
+the config sets none (the `rlvr_jax.eval --think_budgets` command and the pipelines use it).
 
 Host code: generation and verification are the sampler's and the task's.
 """
