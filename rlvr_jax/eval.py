@@ -72,6 +72,12 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore stage at INFO
     f = flags.FLAGS
     compilation.enable_cache(f.compile_cache)
+    try:
+        budgets = [int(b) for b in f.think_budgets.split(",") if b.strip()]
+    except ValueError:
+        raise app.UsageError(
+            f"--think_budgets={f.think_budgets!r} is not a list of integers"
+        ) from None
     if bool(f.workdir) == (f.config is not None):
         raise app.UsageError("give exactly one of --workdir=W (a run) or --config=C")
     step = None
@@ -124,7 +130,6 @@ def main(argv: list[str]) -> None:
     out = (
         Path(f.out) if f.out else workdir / "eval" / f"{label}{f'-step{step}' if step else ''}.json"
     )
-    budgets = [int(b) for b in f.think_budgets.split(",") if b.strip()]
     curve = ""
     if budgets:
         s = thinking_budget.with_think_tokens(build.with_tokenizer_ids(settings, tok), tok)

@@ -193,6 +193,12 @@ def test_cli_names_a_missing_step_with_the_available_ones(run, tmp_path):
     assert not (tmp_path / "r.json").exists()
 
 
+def test_cli_names_bad_thinking_budgets_before_loading_anything(tmp_path):
+    proc = _eval(f"--workdir={tmp_path / 'nothing'}", "--think_budgets=8,sixteen")
+    assert proc.returncode != 0
+    assert "--think_budgets='8,sixteen' is not a list of integers" in proc.stderr
+
+
 def test_cli_skips_an_unreadable_latest_checkpoint_with_a_warning(run, tmp_path):
     workdir = tmp_path / "run"
     shutil.copytree(run, workdir)

@@ -134,6 +134,14 @@ def test_bad_pipelines_are_named(tmp_path):
     with pytest.raises(ConfigError, match="think_fraction=1.5"):
         pipeline.split_config(c)
     c = qwen3_tiny.get_config()
+    c.pipeline.eval_think_budgets = "8,16k"
+    with pytest.raises(ConfigError, match="eval_think_budgets='8,16k' is not a list of integers"):
+        pipeline.split_config(c)
+    c = qwen3_tiny.get_config()
+    c.pipeline.stages[0]["fusion"]["think_fraction"] = "all"
+    with pytest.raises(ConfigError, match=r"stages\[0\].fusion=.*'all'"):
+        pipeline.split_config(c)
+    c = qwen3_tiny.get_config()
     c.pipeline.eval_budget_mode = "thinking"
     with pytest.raises(ConfigError, match="eval_budget_mode='thinking'"):
         pipeline.split_config(c)

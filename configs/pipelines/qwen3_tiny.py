@@ -54,7 +54,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.buckets = (16,)  # "47+38 /no_think="
     c.reward.verifier = "math"
     c.reward.format_weight = 0.0
-    c.rl.sampler.max_new_tokens = 48  # a thinking answer is at most 45 tokens
+    c.rl.sampler.max_new_tokens = 48  # the longest training answer: 47 tokens, end included
     c.train.batch_prompts = 16
     c.train.checkpoint_every = 50
     c.train.eval_every = 0  # the pipeline evaluates after every stage

@@ -175,10 +175,13 @@ def _plain(raw: Any) -> dict[str, Any]:
     return raw.to_dict() if hasattr(raw, "to_dict") else dict(raw)
 
 
-def _ints(raw: Any) -> tuple[int, ...]:
-    """Comma-separated ints ("1,4,8") or a sequence of them."""
+def _ints(key: str, raw: Any) -> tuple[int, ...]:
+    """`pipeline.<key>`: comma-separated ints ("1,4,8") or a sequence of them."""
     items = raw.split(",") if isinstance(raw, str) else raw
-    return tuple(int(k) for k in items if str(k).strip())
+    try:
+        return tuple(int(k) for k in items if str(k).strip())
+    except (TypeError, ValueError):
+        raise ConfigError(f"pipeline.{key}={raw!r} is not a list of integers") from None
 
 
 def _stage(i: int, raw: Any) -> PipelineStage:
@@ -193,7 +196,10 @@ def _stage(i: int, raw: Any) -> PipelineStage:
         unknown = sorted(set(fields) - _FUSION_KEYS)
         if unknown:
             raise ConfigError(f"pipeline.stages[{i}].fusion: unknown key {unknown[0]!r}")
-        fusion_data = FusionData(**fields)
+        try:
+            fusion_data = FusionData(**fields)
+        except TypeError as e:  # a value of the wrong type, compared with a number
+            raise ConfigError(f"pipeline.stages[{i}].fusion={fields}: {e}") from None
     return PipelineStage(
         name=str(raw.get("name", "")),
         overrides=tuple(overrides.items()),
@@ -216,10 +222,10 @@ def split_config(config: Any) -> tuple[PipelineSettings, ml_collections.ConfigDi
         stages=tuple(_stage(i, s) for i, s in enumerate(section.get("stages", ()))),
         baseline=str(section.get("baseline", "")),
         eval_samples=int(section.get("eval_samples", 0)),
-        eval_ks=_ints(section.get("eval_ks", "1")),
+        eval_ks=_ints("eval_ks", section.get("eval_ks", "1")),
         eval_temperature=float(section.get("eval_temperature", 1.0)),
         eval_modes=tuple(_plain(section.get("eval_modes") or {}).items()),
-        eval_think_budgets=_ints(section.get("eval_think_budgets", "")),
+        eval_think_budgets=_ints("eval_think_budgets", section.get("eval_think_budgets", "")),
         eval_budget_mode=str(section.get("eval_budget_mode", "")),
         headline=str(section.get("headline", pipeline_eval.ACCURACY)),
     )

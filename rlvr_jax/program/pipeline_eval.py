@@ -116,14 +116,17 @@ def greedy_rates(
     tok: Tokenizer,
     settings: Settings,
     examples: Sequence[Example],
+    scored: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, float]:
-    """Format and language-consistency rates of the greedy responses.
+    """Format and language-consistency rates of the greedy responses (`scored`: those
+    responses' `_greedy_scores`, when they were already generated).
 
     Returns:
       {FORMAT: mean of the task's "format" part (absent when the task has none), LANGUAGE: mean
       language consistency of each response against its prompt text}.
     """
-    scored = _greedy_scores(params, model_cfg, tok, settings, examples)
+    if scored is None:
+        scored = _greedy_scores(params, model_cfg, tok, settings, examples)
     out = {FORMAT: float(np.mean(scored["format"]))} if "format" in scored else {}
     out[LANGUAGE] = float(np.mean(scored["language"]))
     return out
@@ -136,21 +139,25 @@ def mode_rates(
     settings: Settings,
     examples: Sequence[Example],
     modes: Sequence[tuple[str, str]],
+    known: Mapping[str, Mapping[str, np.ndarray]] | None = None,
 ) -> dict[str, float]:
     """Greedy results under each (label, prompt template) of `modes`, e.g. thinking on and off
     ("qwen3_thinking" / "qwen3_non_thinking", or a plain template with "/think" or "/no_think"
-    after the question).
+    after the question). `known`: `_greedy_scores` already generated, by template; a mode with
+    one of those templates is not generated again.
 
     Returns:
       {"<label> acc.": greedy accuracy, "<label> length": mean response tokens, "<label>
       thought rate": the share of responses with a non-empty thinking block} for each mode.
     """
+    known = known or {}
     out = {}
     for label, template in modes:
-        s = dataclasses.replace(
-            settings, data=dataclasses.replace(settings.data, template=template)
-        )
-        scored = _greedy_scores(params, model_cfg, tok, s, examples)
+        scored = known.get(template)
+        if scored is None:
+            data = dataclasses.replace(settings.data, template=template)
+            s = dataclasses.replace(settings, data=data)
+            scored = _greedy_scores(params, model_cfg, tok, s, examples)
         out[f"{label} acc."] = float(np.mean(scored["correct"] > 0.5))
         out[f"{label} length"] = float(np.mean(scored["length"]))
         out[f"{label} thought rate"] = float(np.mean(scored["thought"]))
@@ -213,8 +220,10 @@ def evaluate_source(
     params, model_cfg = build.load_policy(model, tok, s.train.seed)
     examples = build.load_examples(s.data)[1]
     result = evaluation.evaluate(params, model_cfg, tok, s, examples, options, log=log)
-    row = summarize(result, greedy_rates(params, model_cfg, tok, s, examples))
-    row.update(mode_rates(params, model_cfg, tok, s, examples, modes))
+    scored = _greedy_scores(params, model_cfg, tok, s, examples)
+    row = summarize(result, greedy_rates(params, model_cfg, tok, s, examples, scored))
+    known = {s.data.template: scored}  # a mode under the base template reuses its responses
+    row.update(mode_rates(params, model_cfg, tok, s, examples, modes, known))
     if think_budgets:
         template = dict(modes)[budget_mode] if budget_mode else s.data.template
         b = dataclasses.replace(s, data=dataclasses.replace(s.data, template=template))
