@@ -1,5 +1,6 @@
 """Pipelines: the config, the table by hand, a trimmed R1 pipeline end to end with its resume."""
 
+import dataclasses
 import json
 import math
 import re
@@ -14,7 +15,7 @@ from configs.pipelines import qwen3_gsm8k, qwen3_tiny, r1_qwen3, r1_tiny
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import hf
-from rlvr_jax.program import build, pipeline, pipeline_eval, thinking_budget
+from rlvr_jax.program import build, pipeline, pipeline_eval, rejection, thinking_budget
 from rlvr_jax.program import metrics as metrics_lib
 from rlvr_jax.program import settings as settings_lib
 
@@ -58,6 +59,7 @@ def test_shipped_configs_build_every_stage():
     assert built[1].data.template == "qwen3_thinking" and built[1].reward.format == "none"
     assert built[0].sft.response_format.replace("{answer}", "18") == "The answer is \\boxed{18}."
     assert ps.headline == "think acc." and dict(ps.eval_modes)["no_think"] == "qwen3_non_thinking"
+    assert [s.rejection_samples for s in ps.stages] == [0, 0, 4]
 
 
 def test_qwen3_tiny_builds_every_stage_and_its_fusion_rows(tmp_path):
@@ -69,6 +71,11 @@ def test_qwen3_tiny_builds_every_stage_and_its_fusion_rows(tmp_path):
     assert dict(ps.eval_modes) == {"think": qwen3_tiny.THINK, "no_think": qwen3_tiny.NO_THINK}
     assert ps.eval_think_budgets == (8, 16, 32) and ps.eval_budget_mode == "think"
     assert ps.headline == "think acc." and ps.eval_samples == 0
+    assert ps.stages[2].rejection_samples == 0 and ps.baseline == "fusion"
+    sampled, _ = pipeline.split_config(qwen3_tiny.get_config("samples=4"))
+    assert sampled.stages[2].rejection_samples == 4 and sampled.baseline == ""
+    with pytest.raises(ValueError, match="unknown argument 'sample'"):
+        qwen3_tiny.get_config("sample=4")
 
     config.data.num_train = 64
     _, base = pipeline.split_config(config)
@@ -90,6 +97,49 @@ def test_qwen3_tiny_builds_every_stage_and_its_fusion_rows(tmp_path):
         assert modes == thinking
         # A rerun reads the rows it wrote.
         assert pipeline.write_fusion_data(c, stage.fusion, path).read_text() == path.read_text()
+
+
+def test_fusion_thoughts_from_samples_drawn_in_thinking_mode(tmp_path, monkeypatch):
+    """Qwen3's fusion stage: the policy is sampled on the thinking row's own prompt, and its
+    verified thinking answers become the thinking rows (the sampler is replaced here by answers
+    written by hand: the wiring is the point; the trimmed pipeline below samples for real)."""
+    config = qwen3_tiny.get_config()
+    config.data.num_train = 8
+    ps, base = pipeline.split_config(config)
+    stage = dataclasses.replace(ps.stages[2], rejection_samples=2)
+    c = pipeline.stage_config(base, stage, "random:tiny")
+    settings = settings_lib.settings_from_config(c)
+    tok = build.build_tokenizer(settings.model)
+    prompts = []
+
+    def fake_generate(params, ids, score, *, group_size, **kw):
+        prompts.extend(tok.decode(p) for p in ids)
+        texts, correct = [], []
+        for i, text in enumerate(prompts):
+            value = eval(text.split(" ")[0])  # noqa: S307 - generated arithmetic
+            # The first prompt gets no verified answer; the others one, in their second sample.
+            texts += ["#### 0", f"<think>\nt{i}\n</think>\n\n#### {value}"]
+            correct += [False, i > 0]
+        return np.asarray(correct), np.asarray(texts, dtype=object)
+
+    monkeypatch.setattr(rejection.sampling, "generate_in_batches", fake_generate)
+    samples = tmp_path / "rejection.jsonl"
+    rejection.sample_demonstrations(settings, 2, samples, log=print, thinking_switch="flag")
+    assert len(prompts) == 8 and all(p.endswith(" /think=") for p in prompts)
+    messages = []
+    out = tmp_path / "f.jsonl"
+    out = pipeline.write_fusion_data(c, stage.fusion, out, samples, messages.append)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 8
+    thinking = [r for r in rows if r["prompt"].endswith("/think")]
+    assert thinking and all(r["response"].startswith("<think>\nt") for r in thinking)
+    assert rows[0]["prompt"].endswith("/no_think")  # no verified sample: no thought
+    assert messages == [
+        f"fusion data: {len(thinking)} thinking and {8 - len(thinking)} non-thinking rows; "
+        "7 of 8 prompts have a thought from verified samples"
+    ]
+    with pytest.raises(ValueError, match="thinking_switch='enable_thinking' needs a chat"):
+        rejection.sample_demonstrations(settings, 2, samples, thinking_switch="enable_thinking")
 
 
 def test_bad_pipelines_are_named(tmp_path):

@@ -15,8 +15,11 @@ block the template writes into the prompt. The stages:
   1. think_sft: SFT on thinking rows only (every training problem with its solution), 200 steps
      of 32 sequences, lr 1e-5;
   2. rl_think: 200 GRPO steps of 32 prompts x 8 samples in thinking mode, lr 1e-6;
-  3. fusion: SFT on half thinking, half non-thinking rows, 100 steps, lr 5e-6.
-The baseline spends the same 500 steps on the fusion SFT alone, from Qwen3-0.6B.
+  3. fusion: SFT on half thinking, half non-thinking rows, 100 steps, lr 5e-6; as in Qwen3, the
+     thinking rows are the RL model's own answers, 4 sampled per training problem in thinking
+     mode and verified (`program.rejection`); a problem with none keeps its non-thinking row.
+The baseline spends the same 500 steps on the fusion SFT alone, from Qwen3-0.6B (its thinking
+rows sampled from Qwen3-0.6B itself).
 
 After every stage, on 256 GSM8K test problems: greedy accuracy in thinking mode (the base
 template) and under each mode ("think": `qwen3_thinking`, "no_think": `qwen3_non_thinking`),
@@ -67,6 +70,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                         "optim.learning_rate": 5e-6,
                     },
                     "fusion": {**fusion, "think_fraction": 0.5},
+                    "rejection_samples": 4,
                 },
             ],
             "baseline": "fusion",

@@ -18,6 +18,11 @@ The stages:
      model answers in both modes.
 The baseline spends the same number of steps on the fusion SFT alone, from the start.
 
+`--config=configs/pipelines/qwen3_tiny.py:samples=4` is Qwen3's own fusion stage: its thinking
+rows are the RL model's answers, 4 sampled per training problem under "/think" and verified
+(`program.rejection`); a problem with no verified answer keeps only its non-thinking row. That
+variant has no baseline: the random starting model has no verified answers to sample.
+
 After every stage, on 64 held-out problems: greedy accuracy with no flag (a prompt no stage
 trained on), and under each flag ("think", "no_think") greedy accuracy, length and the share of
 responses with a non-empty thinking block; then greedy accuracy and the early-end rate at
@@ -46,7 +51,12 @@ NO_THINK = "text:{question} /no_think="
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = tiny.get_config(arg)
+    args = dict(kv.split("=", 1) for kv in (arg or "").split(",") if kv)
+    unknown = sorted(set(args) - {"samples"})
+    if unknown:
+        raise ValueError(f"unknown argument {unknown[0]!r}; known: samples=N")
+    samples = int(args.get("samples", 0))
+    c = tiny.get_config()
     c.model.tokenizer = "chars:" + ALPHABET
     c.data.level = 2
     c.data.num_train = 2048
@@ -93,9 +103,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                         "optim.learning_rate": 1e-3,
                     },
                     "fusion": {"think_fraction": 0.5},
+                    "rejection_samples": samples,
                 },
             ],
-            "baseline": "fusion",
+            "baseline": "" if samples else "fusion",
             "eval_samples": 0,  # greedy only: the modes are the point here
             "headline": "think acc.",
             "eval_modes": {"think": THINK, "no_think": NO_THINK},

@@ -12,6 +12,11 @@ plus a `pipeline` section:
     Qwen3-style thinking and non-thinking rows built from its training examples
     (`sft.traces`, `sft.fusion`): `think_fraction` of the examples with a thought become
     thinking rows (1.0: a long-CoT cold start), their answers written with `sft.response_format`.
+    Both together are Qwen3's fusion stage: the thinking rows' thoughts and answers are the
+    stage's starting model's own, `rejection_samples` answers per training prompt sampled in
+    thinking mode (the row's "/think" flag or `enable_thinking`) and verified
+    (`sft.traces.traces_from_samples`); a prompt with no verified thinking answer keeps only its
+    non-thinking row.
   A stage with `train.stage="rm"` trains a reward model (`program.rm_stage`) from the current
     policy's weights; it is not a policy stage: the next stage starts from the same weights as
     it did, and it has no row in the table (its pairwise accuracy goes to the log and to
@@ -135,9 +140,6 @@ class PipelineSettings:
             raise ConfigError(f"pipeline.baseline={self.baseline!r} names no stage of {names}")
         if any(s.rejection_samples < 0 for s in self.stages) or self.eval_samples < 0:
             raise ConfigError("pipeline: rejection_samples and eval_samples must be >= 0")
-        for s in self.stages:
-            if s.fusion is not None and s.rejection_samples:
-                raise ConfigError(f"pipeline stage {s.name!r}: fusion and rejection_samples both")
         if self.eval_budget_mode and self.eval_budget_mode not in dict(self.eval_modes):
             raise ConfigError(
                 f"pipeline.eval_budget_mode={self.eval_budget_mode!r} names no key of "
@@ -273,18 +275,50 @@ def _write_done(run_dir: Path, record: Mapping[str, Any]) -> dict[str, Any]:
     return dict(record)
 
 
-def write_fusion_data(config: ml_collections.ConfigDict, spec: FusionData, out: Path) -> Path:
+def read_samples(path: Path) -> dict[str, list[str]]:
+    """Rejection-sampled responses by example id (`program.rejection`'s rows, "<id>/rs<i>")."""
+    samples: dict[str, list[str]] = {}
+    for line in path.read_text().split("\n"):
+        if line.strip():
+            row = json.loads(line)
+            samples.setdefault(row["id"].rpartition("/rs")[0], []).append(row["response"])
+    return samples
+
+
+def write_fusion_data(
+    config: ml_collections.ConfigDict,
+    spec: FusionData,
+    out: Path,
+    samples: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> Path:
     """The fusion rows of a stage's training examples, written to `out` (once: a rerun reads the
-    file it wrote)."""
+    file it wrote). With `samples` (a rejection-sampling file), the thinking rows' thoughts and
+    answers are the sampled ones; otherwise they come from the data (`sft.traces`)."""
     if out.is_file():
         return out
     settings = settings_lib.settings_from_config(config)
     train_ex = build.load_examples(settings.data)[0]
+    answer_format = settings.sft.response_format
+    if samples is None:
+        stage_traces = traces.traces_from_examples(train_ex, answer_format)
+    else:
+        stage_traces = traces.traces_from_samples(train_ex, read_samples(samples), answer_format)
     rows = fusion.fusion_demonstrations(
-        traces.traces_from_examples(train_ex, settings.sft.response_format),
+        stage_traces,
         switch=spec.switch,
         think_fraction=spec.think_fraction,
         seed=spec.seed,
+    )
+    thinking = sum(
+        r.thinking if r.thinking is not None else fusion.split_thinking(r.response) is not None
+        for r in rows
+    )
+    with_thought = sum(bool(t.thought) for t in stage_traces)
+    origin = "the data" if samples is None else "verified samples"
+    log(
+        f"fusion data: {thinking} thinking and {len(rows) - thinking} non-thinking rows; "
+        f"{with_thought} of {len(rows)} prompts have a thought from {origin}"
     )
     tmp = fusion.write_demonstrations(rows, out.with_suffix(".tmp"))
     return tmp.replace(out)
@@ -319,14 +353,19 @@ def run_one_stage(
         return done
     start = time.time()
     run_dir.mkdir(parents=True, exist_ok=True)
+    demos = None
     if stage.rejection_samples:
         demos = run_dir / "rejection.jsonl"
         if not demos.is_file():
             settings = settings_lib.settings_from_config(config)
-            rejection.sample_demonstrations(settings, stage.rejection_samples, demos, log=log)
+            switch = None if stage.fusion is None else stage.fusion.switch
+            rejection.sample_demonstrations(
+                settings, stage.rejection_samples, demos, log=log, thinking_switch=switch
+            )
         config.sft.path = str(demos)
     if stage.fusion is not None:
-        config.sft.path = str(write_fusion_data(config, stage.fusion, run_dir / "fusion.jsonl"))
+        out = write_fusion_data(config, stage.fusion, run_dir / "fusion.jsonl", demos, log)
+        config.sft.path = str(out)
     settings = settings_lib.settings_from_config(config)
     out = stages.run(settings, run_dir, log=log)
     # An SFT stage exports its weights only once it reached its last step.

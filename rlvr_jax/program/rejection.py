@@ -7,6 +7,11 @@ the KV-cache sampler and the task interface (in-graph or pool verifiers alike) a
 kept answers as the SFT stage's JSONL ({"prompt", "response", "answer", "id", "source"} a line),
 which `sft.path` reads.
 
+Qwen3's thinking-mode fusion draws its thinking rows the same way: `thinking_switch` samples
+each prompt in thinking mode, as the fusion row will put it (the "/think" flag after the
+question, or the chat template's `enable_thinking=True`), and `sft.traces.traces_from_samples`
+turns the kept answers into the rows' thoughts.
+
 Host code: generation is `sampling.generate_in_batches`, verification `Task.score`.
 """
 
@@ -25,6 +30,7 @@ from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.program import build
 from rlvr_jax.program.pipeline_eval import response_text
 from rlvr_jax.program.settings import Settings
+from rlvr_jax.sft import fusion
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +66,7 @@ def sample_demonstrations(
     out: str | Path,
     temperature: float = 1.0,
     log: Callable[[str], None] = print,
+    thinking_switch: str | None = None,
 ) -> RejectionReport:
     """Samples `num_samples` answers per training prompt of `settings.data` from the weights at
     `settings.model.source`, and writes the verified ones (correct, and well formed where the
@@ -69,14 +76,33 @@ def sample_demonstrations(
     is `train.seed`. The file is written whole to a temporary name and renamed, so a rerun never
     reads a half-written one.
 
+    `thinking_switch` ("flag" or "enable_thinking", as `sft.fusion`'s switch) samples every
+    prompt in thinking mode: the question followed by the "/think" flag, or the chat template
+    with `enable_thinking=True`. A row's "id" is then its example's id, "/rs" and an index.
+
     Raises:
-      ValueError: `num_samples` < 1, or no answer was verified (an SFT stage needs at least one).
+      ValueError: `num_samples` < 1, an unknown `thinking_switch`, "enable_thinking" with a
+        template that is not a chat template, or no answer was verified (an SFT stage needs at
+        least one).
     """
     if num_samples < 1:
         raise ValueError(f"num_samples={num_samples} must be >= 1")
+    if thinking_switch not in (None, *fusion.SWITCHES):
+        raise ValueError(f"thinking_switch={thinking_switch!r}; expected one of {fusion.SWITCHES}")
     tok, params, model_cfg, s = build.policy_and_settings(settings)
     train_ex = build.load_examples(s.data)[0]
     template = templates.get_template(s.data.template)
+    if thinking_switch == "flag":
+        train_ex = [
+            dataclasses.replace(ex, prompt_text=f"{ex.prompt_text} {fusion.THINK_FLAG}")
+            for ex in train_ex
+        ]
+    elif thinking_switch == "enable_thinking":
+        if not template.chat:
+            raise ValueError(
+                f"thinking_switch='enable_thinking' needs a chat template, not {s.data.template!r}"
+            )
+        template = dataclasses.replace(template, thinking=True)
     enc = templates.encode_prompts(train_ex, template, tok, s.data.buckets)
     cfg = dataclasses.replace(s.rl.sampler, method="sample")
     B, G = s.eval.batch_prompts, num_samples

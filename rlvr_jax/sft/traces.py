@@ -12,16 +12,21 @@ reached, `traces_from_examples` writes that down:
 
 Other examples get no thought: they can only become non-thinking rows.
 
+Qwen3 draws its fusion stage's thinking rows from the model itself instead: several answers per
+question sampled in thinking mode, the verified ones kept (`program.rejection`).
+`traces_from_samples` builds the traces from such answers: a question's thought and answer are
+those of its first kept answer with a non-empty, closed thinking block.
+
 Host code, standard library only.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 from rlvr_jax.data.example import Example
-from rlvr_jax.sft.fusion import Trace
+from rlvr_jax.sft.fusion import Trace, split_thinking
 
 _TOKEN_RE = re.compile(r"\d+|[+\-*]")
 
@@ -97,3 +102,22 @@ def traces_from_examples(
         )
         for ex in examples
     ]
+
+
+def traces_from_samples(
+    examples: Iterable[Example],
+    samples: Mapping[str, Sequence[str]],
+    answer_format: str = "{answer}",
+) -> list[Trace]:
+    """One trace per example from sampled answers (`samples`: example id -> verified responses,
+    in order): the thought and answer of the first response with a non-empty, closed thinking
+    block (`fusion.split_thinking`). An example with no such response gets no thought, and its
+    answer written with `answer_format`, as in `traces_from_examples`."""
+    out = []
+    for ex in examples:
+        split = next(
+            (p for p in map(split_thinking, samples.get(ex.id, ())) if p is not None), None
+        )
+        thought, answer = split or ("", answer_format.replace("{answer}", ex.answer))
+        out.append(Trace(ex.id, ex.prompt_text, answer, thought, ex.source))
+    return out

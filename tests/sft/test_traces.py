@@ -6,7 +6,7 @@ import pytest
 
 from rlvr_jax.data import datasets
 from rlvr_jax.data.example import Example
-from rlvr_jax.sft import traces
+from rlvr_jax.sft import fusion, traces
 
 _STEP = re.compile(r"^(-?\d+)([+\-*])(\d+)=(-?\d+)$")
 
@@ -58,3 +58,36 @@ def test_traces_from_examples():
     assert a.answer == f"#### {arith.answer}" and a.question == arith.prompt_text
     assert (w.thought, w.answer, w.source) == ("Because.", "#### 42", "jsonl")
     assert (b.thought, b.answer) == ("", "#### 7")  # only a non-thinking row
+
+
+def test_thoughts_from_verified_samples():
+    a, b = arith = datasets.arithmetic_examples(2, seed=0, level=2)
+    samples = {
+        # An unclosed block, then an empty one, then the first with a thought: that one is kept.
+        a.id: [
+            "<think>\n1+1=2",
+            "<think>\n\n</think>\n\n#### 9",
+            "<think>\nmine\n</think>\n\n#### 9",
+        ],
+        b.id: ["#### 3"],  # no block: no thought
+    }
+    ta, tb = traces.traces_from_samples(arith, samples, "#### {answer}")
+    assert (ta.thought, ta.answer, ta.question) == ("mine", "#### 9", a.prompt_text)
+    assert (tb.thought, tb.answer) == ("", f"#### {b.answer}")
+    assert traces.traces_from_samples([a], {}, "{answer}")[0].answer == a.answer
+
+
+@pytest.mark.parametrize(
+    "response, split",
+    [
+        ("<think>\nx\ny\n</think>\n\n#### 5", ("x\ny", "#### 5")),
+        ("  <think>x</think>5", ("x", "5")),
+        ("<think>\n\n</think>\n\n5", None),  # empty
+        ("<think>\nx", None),  # never closed
+        ("5 <think>x</think>", None),  # not leading
+    ],
+)
+def test_split_thinking(response, split):
+    assert fusion.split_thinking(response) == split
+    if split is not None:
+        assert fusion.split_thinking(fusion.thinking_response(*split)) == split
