@@ -1,51 +1,8 @@
-"""A second launch of an unchanged config reads its big programs from the persistent compile
-cache, and the ledger says what the start-up cost."""
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
+"""The persistent compile cache's settings, the compile log, and the step compiled ahead of the
+loop. A second launch of an unchanged config reading its big programs from the cache is checked
+with the killed launch of tests/test_main.py::test_sigkill_then_resume_gives_the_same_metrics."""
 
 from rlvr_jax.program import compilation
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _launch(workdir: Path, cache: Path) -> tuple[str, dict]:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "rlvr_jax.main", "--config=configs/tiny.py",
-            f"--workdir={workdir}", f"--compile_cache={cache}", "--config.train.steps=1",
-            "--config.train.use_tensorboard=False",
-        ],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("first step after"))
-    records = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-    (startup,) = [r for r in records if r["record"] == "startup"]
-    return line, startup
-
-
-@pytest.mark.slow
-def test_a_second_launch_reads_the_step_from_the_cache(tmp_path):
-    cache = tmp_path / "cache"
-    line, first = _launch(tmp_path / "a", cache)
-    compiled, _, _ = line.partition("read from the compile cache")
-    assert "jit(step)" in compiled and first["startup/programs_from_cache"] == 0
-    assert any(cache.iterdir())
-    # Another workdir, so nothing but the cache is shared.
-    line, second = _launch(tmp_path / "b", cache)
-    compiled, _, cached = line.partition("read from the compile cache")
-    assert "jit(step)" in cached and "jit(step)" not in compiled
-    assert second["startup/programs_from_cache"] >= 2  # the fused step and the sampler
-    total = lambda r: r["startup/programs_compiled"] + r["startup/programs_from_cache"]  # noqa: E731
-    assert total(second) == total(first)
-    assert second["step"] == 1 and second["startup/seconds"] > 0
 
 
 def test_the_cache_is_off_for_none_and_defaults_under_the_users_cache(tmp_path, monkeypatch):

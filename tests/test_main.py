@@ -20,9 +20,11 @@ TINY = str(REPO / "configs" / "tiny.py")
 CLOCK = ("time", "throughput/")
 
 
-def _main(workdir, *overrides, wait=True):
+def _main(workdir, *overrides, wait=True, cache=None):
     cmd = [sys.executable, "-m", "rlvr_jax.main", f"--config={TINY}", f"--workdir={workdir}"]
     cmd += [f"--config.{o}" for o in overrides]
+    if cache is not None:
+        cmd.append(f"--compile_cache={cache}")
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -54,20 +56,47 @@ def _wait_for_step(workdir, step, proc, timeout=300):
     raise AssertionError(f"step {step} not reached in {timeout}s")
 
 
+def _first_step(out: str) -> tuple[str, str]:
+    """The programs a launch compiled and those it read from the compile cache, as its "first
+    step after" line names them."""
+    line = next(x for x in out.splitlines() if x.startswith("first step after"))
+    compiled, _, cached = line.partition("read from the compile cache")
+    return compiled, cached
+
+
+def _startup(workdir) -> list[dict]:
+    rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r.get("record") == "startup"]
+
+
 @pytest.mark.slow
 def test_sigkill_then_resume_gives_the_same_metrics(tmp_path):
+    """Also the persistent compile cache: the killed launch is a second launch of the same config
+    (another workdir, so nothing but the cache is shared) and reads its big programs from it."""
     common = ("train.steps=10", "train.checkpoint_every=2", "train.log_every=1")
-    rc, out = _main(tmp_path / "straight", *common)
+    cache = tmp_path / "cache"
+    rc, out = _main(tmp_path / "straight", *common, cache=cache)
     assert rc == 0, out
     straight = _metrics(tmp_path / "straight")
+    compiled, _ = _first_step(out)
+    (first,) = _startup(tmp_path / "straight")
+    assert "jit(step)" in compiled and first["startup/programs_from_cache"] == 0
+    assert any(cache.iterdir())
 
-    proc = _main(tmp_path / "killed", *common, wait=False)
+    proc = _main(tmp_path / "killed", *common, wait=False, cache=cache)
     _wait_for_step(tmp_path / "killed", 7, proc)
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    out, _ = proc.communicate()
     reached = max(_metrics(tmp_path / "killed"))
     assert reached < 10  # it really was interrupted
-    rc, out = _main(tmp_path / "killed", *common)
+    compiled, cached = _first_step(out)
+    assert "jit(step)" in cached and "jit(step)" not in compiled
+    (second,) = _startup(tmp_path / "killed")
+    assert second["startup/programs_from_cache"] >= 2  # the fused step and the sampler
+    total = lambda r: r["startup/programs_compiled"] + r["startup/programs_from_cache"]  # noqa: E731
+    assert total(second) == total(first)
+    assert second["step"] == 1 and second["startup/seconds"] > 0
+    rc, out = _main(tmp_path / "killed", *common, cache=cache)
     assert rc == 0, out
     assert "resumed from step" in out
     resumed = _metrics(tmp_path / "killed")
