@@ -54,19 +54,26 @@ def test_shipped_configs_build_every_stage():
     config = qwen3_gsm8k.get_config()
     config.model.source = "random:qwen3-0.6b"
     ps, built = _stage_settings(config)
-    assert [s.train.stage for s in built] == ["sft", "rl", "sft"]
+    assert [s.train.stage for s in built] == ["sft", "rl", "sft", "rl"]
     assert [s.fusion.switch for s in (ps.stages[0], ps.stages[2])] == ["enable_thinking"] * 2
+    assert (built[3].data.modes, built[3].reward.format) == ("enable_thinking", "mode")
     assert built[1].data.template == "qwen3_thinking" and built[1].reward.format == "none"
     assert built[0].sft.response_format.replace("{answer}", "18") == "The answer is \\boxed{18}."
     assert ps.headline == "think acc." and dict(ps.eval_modes)["no_think"] == "qwen3_non_thinking"
-    assert [s.rejection_samples for s in ps.stages] == [0, 0, 4]
+    assert [s.rejection_samples for s in ps.stages] == [0, 0, 4, 0]
 
 
 def test_qwen3_tiny_builds_every_stage_and_its_fusion_rows(tmp_path):
     config = qwen3_tiny.get_config()
     ps, built = _stage_settings(config)
-    assert [s.train.stage for s in built] == ["sft", "rl", "sft"]
-    assert [s.fusion.think_fraction if s.fusion else None for s in ps.stages] == [1.0, None, 0.5]
+    assert [s.train.stage for s in built] == ["sft", "rl", "sft", "rl"]
+    assert [s.fusion.think_fraction if s.fusion else None for s in ps.stages] == [
+        1.0, None, 0.5, None,
+    ]  # fmt: skip
+    assert (built[3].data.modes, built[3].reward.format, built[3].reward.format_weight) == (
+        "flag", "mode", 0.5,
+    )  # fmt: skip
+    assert built[3].data.template == built[0].data.template  # the flags are in the questions
     assert built[1].data.template == qwen3_tiny.THINK and built[1].reward.verifier == "math"
     assert dict(ps.eval_modes) == {"think": qwen3_tiny.THINK, "no_think": qwen3_tiny.NO_THINK}
     assert ps.eval_think_budgets == (8, 16, 32) and ps.eval_budget_mode == "think"

@@ -177,7 +177,8 @@ def encode_prompts(
     """Renders and tokenizes prompts; those longer than the largest bucket are counted and skipped.
 
     Args:
-      examples: the problems.
+      examples: the problems; one whose `meta` has "enable_thinking" renders with that value
+        (`data.modes`; a chat template).
       template: the prompt template.
       tokenizer: the policy's tokenizer.
       buckets: the sampler's prompt buckets (only the largest matters here).
@@ -192,7 +193,9 @@ def encode_prompts(
     max_len = max(int(b) for b in buckets)
     ids, kept, too_long, longest = [], [], [], 0
     for ex in examples:
-        tokens = tokenizer.encode(render(ex.prompt_text, template, tokenizer))
+        mode = ex.meta.get("enable_thinking")  # a prompt's own mode (`data.modes`)
+        own = template if mode is None else dataclasses.replace(template, thinking=bool(mode))
+        tokens = tokenizer.encode(render(ex.prompt_text, own, tokenizer))
         if add_bos and tokenizer.bos_id is not None and tokens[:1] != [tokenizer.bos_id]:
             tokens = [tokenizer.bos_id, *tokens]
         longest = max(longest, len(tokens))

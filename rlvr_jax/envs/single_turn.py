@@ -33,7 +33,7 @@ from rlvr_jax.envs.tool_math import MathToolTask
 from rlvr_jax.rewards import arithmetic, countdown, rg_scoring
 from rlvr_jax.rewards import math as math_reward
 from rlvr_jax.rewards.config import RewardSettings
-from rlvr_jax.rewards.format import r1_format_reward
+from rlvr_jax.rewards.format import mode_reward, r1_format_reward
 from rlvr_jax.rewards.pool import VerifierPool
 from rlvr_jax.types import FINISH_LENGTH, Rollout
 
@@ -91,7 +91,8 @@ class ArithmeticTask(Task):
 
 class PoolTask(Task):
     """A verifier `fn(response_text, gold) -> float` run in a `VerifierPool` on decoded text,
-    with the R1 format part when `reward.format == "r1"`."""
+    with a "format" part when `reward.format` is "r1" (the R1 template) or "mode" (the thinking
+    mode each prompt asked for)."""
 
     def __init__(
         self,
@@ -112,15 +113,26 @@ class PoolTask(Task):
         """The decoded responses (special tokens dropped)."""
         return response_texts(self.tok, rollout)
 
+    def format_part(self, texts: Sequence[str], examples_N: Sequence[Example]) -> np.ndarray | None:
+        """The "format" part of each response, or None when `reward.format` sets none."""
+        if self.reward.format == "r1":
+            scores = [r1_format_reward(t, think_in_prompt=self.think_in_prompt) for t in texts]
+        elif self.reward.format == "mode":
+            scores = [
+                mode_reward(t, bool(ex.meta["think"]))
+                for t, ex in zip(texts, examples_N, strict=True)
+            ]
+        else:
+            return None
+        return np.asarray(scores, np.float32)
+
     def score(self, rollout: Rollout, examples_N: Sequence[Example]) -> dict[str, np.ndarray]:
         texts = self.texts(rollout)
         golds = [(t, ex.answer) for t, ex in zip(texts, examples_N, strict=True)]
         parts = {"correct": np.asarray(self.pool.map(golds), np.float32)}
-        if self.reward.format == "r1":
-            parts["format"] = np.asarray(
-                [r1_format_reward(t, think_in_prompt=self.think_in_prompt) for t in texts],
-                np.float32,
-            )
+        fmt = self.format_part(texts, examples_N)
+        if fmt is not None:
+            parts["format"] = fmt
         return parts
 
     def stats(self) -> dict[str, float]:
@@ -186,11 +198,9 @@ class ReasoningGymTask(PoolTask):
         ]
         raw = np.asarray(self.pool.map(items), np.float32)
         parts = {"correct": (raw >= 1.0).astype(np.float32), "rg_score": raw}
-        if self.reward.format == "r1":
-            parts["format"] = np.asarray(
-                [r1_format_reward(t, think_in_prompt=self.think_in_prompt) for t in texts],
-                np.float32,
-            )
+        fmt = self.format_part(texts, examples_N)
+        if fmt is not None:
+            parts["format"] = fmt
         return parts
 
 

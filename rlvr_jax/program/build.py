@@ -16,7 +16,7 @@ from typing import Any
 import jax
 
 from rlvr_jax.config_types import ConfigError
-from rlvr_jax.data import datasets
+from rlvr_jax.data import datasets, modes
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer, load_tokenizer
 from rlvr_jax.model import config as config_lib
@@ -230,7 +230,8 @@ def restore_policy(
 
 
 def load_examples(data: DataSettings) -> tuple[list[Example], list[Example], list[str]]:
-    """Training and evaluation examples, and notes about skipped rows for the log."""
+    """Training and evaluation examples, and notes about skipped rows for the log. With
+    `data.modes`, each is asked in thinking or non-thinking mode (`data.modes`)."""
     notes = []
     common = dict(
         seed=data.seed,
@@ -261,4 +262,7 @@ def load_examples(data: DataSettings) -> tuple[list[Example], list[Example], lis
         train, evals = datasets.split_holdout(examples, data.num_eval, seed=data.seed)
     if data.num_train:
         train = train[: data.num_train]
+    if data.modes:
+        train = modes.ask_in_modes(train, data.modes, data.think_share, data.seed)
+        evals = modes.ask_in_modes(evals, data.modes, data.think_share, data.seed)
     return train, evals, notes

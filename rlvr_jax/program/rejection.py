@@ -89,6 +89,11 @@ def sample_demonstrations(
         raise ValueError(f"num_samples={num_samples} must be >= 1")
     if thinking_switch not in (None, *fusion.SWITCHES):
         raise ValueError(f"thinking_switch={thinking_switch!r}; expected one of {fusion.SWITCHES}")
+    if thinking_switch and settings.data.modes:
+        raise ValueError(
+            f"thinking_switch={thinking_switch!r} with data.modes={settings.data.modes!r}: the "
+            "prompts would be asked in two modes at once"
+        )
     tok, params, model_cfg, s = build.policy_and_settings(settings)
     train_ex = build.load_examples(s.data)[0]
     template = templates.get_template(s.data.template)

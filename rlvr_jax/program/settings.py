@@ -22,6 +22,7 @@ import ml_collections
 
 from rlvr_jax.config_types import ConfigError, from_config
 from rlvr_jax.data import curriculum as curriculum_lib
+from rlvr_jax.data import modes as modes_lib
 from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.model import sharding
 from rlvr_jax.rewards.config import RewardSettings
@@ -118,6 +119,12 @@ class DataSettings:
       full of groups with reward variance, or `dynamic_max_rounds` rounds have run; the batch is
       then topped up with dropped groups. Every attempted group updates the prompt sampler.
     dynamic_max_rounds: the most rollout rounds per step (the first included).
+    modes: ask each prompt in thinking or non-thinking mode, as Qwen3's general RL over both
+      (`data.modes`): "" (prompts as they are), "flag" ("/think" or "/no_think" after the
+      question) or "enable_thinking" (the chat template's variable, per prompt; a chat
+      template). The mode is drawn per example from its id; `reward.format="mode"` rewards
+      following it.
+    think_share: the share of prompts asked in thinking mode.
     seed: data order and generation seed.
     """
 
@@ -138,9 +145,17 @@ class DataSettings:
     dynamic_max_rounds: int = 3
     exclude_multiple_choice: bool = False
     exclude_true_false: bool = False
+    modes: Literal["", "flag", "enable_thinking"] = ""
+    think_share: float = 0.5
     seed: int = 0
 
     def __post_init__(self):
+        if self.modes not in ("", *modes_lib.SWITCHES):
+            raise ValueError(
+                f"data.modes={self.modes!r}; expected '' or one of {modes_lib.SWITCHES}"
+            )
+        if not 0.0 <= self.think_share <= 1.0:
+            raise ValueError(f"data.think_share={self.think_share} must be in [0, 1]")
         if self.dynamic_max_rounds < 1:
             raise ValueError(f"data.dynamic_max_rounds={self.dynamic_max_rounds} must be >= 1")
         if self.num_train < 0 or self.num_eval < 0:
@@ -379,6 +394,11 @@ def settings_from_config(config: Any, check_devices: bool = True) -> Settings:
         raise ConfigError(
             f"rl.partial_budget={s.rl.partial_budget} with data.dynamic_sampling=True: both run "
             "rounds of rollouts per step; choose one"
+        )
+    if s.reward.format == "mode" and not s.data.modes:
+        raise ConfigError(
+            "reward.format='mode' with data.modes='': the format rewards following the mode each "
+            "prompt is asked in; set data.modes to 'flag' or 'enable_thinking'"
         )
     if s.model.lora.enabled and s.rl.critic.kind == "model":
         raise ConfigError(

@@ -23,7 +23,8 @@ class RewardSettings:
       evaluate text, with that evaluation in the sandbox; `data.name="reasoning_gym:<task>"`,
       docs/reasoning_gym.md).
     format: "number" (arithmetic: a number, then an end token), "r1" (the R1 think/answer
-      template), or "none".
+      template), "mode" (the thinking mode each prompt asked for, `data.modes`:
+      `format.mode_reward`) or "none".
     format_weight: weight of the format part; correctness always has weight 1.
     length_weight: weight of the Kimi k1.5 group-relative length reward (0 disables).
     overlong_cache: DAPO soft overlong penalty ramp width in tokens (0 disables).
@@ -56,7 +57,7 @@ class RewardSettings:
     verifier: Literal[
         "arithmetic", "math", "countdown", "code_tests", "math_tool", "swe", "reasoning_gym"
     ] = "arithmetic"
-    format: Literal["number", "r1", "none"] = "number"
+    format: Literal["number", "r1", "mode", "none"] = "number"
     format_weight: float = 0.0
     length_weight: float = 0.0
     overlong_cache: int = 0
@@ -78,8 +79,15 @@ class RewardSettings:
     def __post_init__(self):
         if self.verifier != "arithmetic" and self.format == "number":
             object.__setattr__(self, "format", "none")
-        if self.verifier == "arithmetic" and self.format == "r1":
-            raise ValueError("reward.format='r1' needs a text verifier ('math' or 'countdown')")
+        if self.verifier == "arithmetic" and self.format in ("r1", "mode"):
+            raise ValueError(
+                f"reward.format={self.format!r} needs a text verifier ('math' or 'countdown')"
+            )
+        if self.format == "mode" and self.verifier not in ("math", "countdown", "reasoning_gym"):
+            raise ValueError(
+                f"reward.format='mode' with verifier={self.verifier!r}: the mode part is scored "
+                "with the single-turn text verifiers ('math', 'countdown', 'reasoning_gym')"
+            )
         if self.overlong_cache < 0:
             raise ValueError(f"overlong_cache={self.overlong_cache} must be >= 0 (0 disables)")
         if self.max_turns < 1 or self.turn_tokens < 0 or self.tool_workers < 1:

@@ -1,4 +1,5 @@
-"""Format rewards on response text: the DeepSeek-R1 template and language consistency.
+"""Format rewards on response text: the DeepSeek-R1 template, the thinking mode asked for, and
+language consistency.
 
 Host code (pure Python, standard library only).
 
@@ -8,6 +9,9 @@ Host code (pure Python, standard library only).
   non-empty answer; else 0.0. When the prompt already ends with `<think>` (R1-Zero template), pass
   `think_in_prompt=True`: the response then starts inside the thinking block and must not contain
   `<think>` again.
+* `mode_reward`: 1.0 when the response follows the mode its prompt asked for (`data.modes`):
+  asked to think, it opens with a closed, non-empty thinking block; asked not to, it has no
+  non-empty thinking block (the empty `<think>\n\n</think>` Qwen3 writes is allowed).
 * `language_consistency`: the share of the response's letters written in the prompt's script, as
   in DeepSeek-R1's language-consistency reward. Scripts come from `unicodedata` character
   names (LATIN, CYRILLIC, GREEK, ARABIC, HEBREW, DEVANAGARI, HANGUL, THAI, ...); Han, Hiragana and
@@ -57,6 +61,17 @@ def strip_eos(text: str, eos_strings: Sequence[str] = EOS_STRINGS) -> str:
                 end = _rstrip_end(text, end - len(eos))
                 changed = True
     return text[:end]
+
+
+def mode_reward(text: str, think: bool) -> float:
+    """1.0 when `text` follows the mode its prompt asked for (see the module docstring)."""
+    body = text.lstrip()
+    start = body.find(THINK_OPEN)
+    inside = "" if start < 0 else body[start + len(THINK_OPEN) :]
+    thought, close, _ = inside.partition(THINK_CLOSE)
+    if think:
+        return float(start == 0 and bool(close) and bool(thought.strip()))
+    return float(start < 0 or not thought.strip())
 
 
 def r1_format_reward(

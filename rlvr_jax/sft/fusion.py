@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
+from rlvr_jax.data.modes import NO_THINK_FLAG, SWITCHES, THINK_FLAG
 from rlvr_jax.data.templates import EMPTY_THINK
 from rlvr_jax.sft.data import Demonstration
 
-THINK_FLAG, NO_THINK_FLAG = "/think", "/no_think"
-SWITCHES = ("flag", "enable_thinking")
+__all__ = ["NO_THINK_FLAG", "SWITCHES", "THINK_FLAG"]  # the switches rows are written for
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 

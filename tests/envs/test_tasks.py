@@ -114,3 +114,17 @@ def test_countdown_is_selected_by_the_settings_and_wants_an_expression(tok):
         parts = task.score(rollout, _examples([gold] * 5))
         np.testing.assert_array_equal(parts["correct"], [1, 1, 0, 0, 0])
         assert task.stats()["verifier/checks"] == 5
+
+
+def test_the_mode_format_scores_each_response_against_its_prompts_mode():
+    tok = Tokenizer.from_characters(ALPHABET + "thik")
+    reward = RewardSettings(verifier="math", format="mode", workers=1)
+    examples = [
+        Example(f"m{i}", "q", "5", "test", meta={"think": think})
+        for i, think in enumerate([True, True, False, False])
+    ]
+    texts = ["<think>x</think>5", "5", "5", "<think>x</think>5"]
+    with build_task(reward, tok, tok.vocab_size, examples, "plain") as task:
+        parts = task.score(_rollout(tok, texts), examples)
+    np.testing.assert_array_equal(parts["format"], [1, 0, 1, 0])
+    assert set(parts) == {"correct", "format"}

@@ -186,3 +186,22 @@ def test_long_answers_keep_their_rewards():
     assert fmt.r1_format_reward(LONG_ANSWERS["tags"]) == 0.0
     assert fmt.dominant_script(LONG_ANSWERS["han"]) == "CJK"
     assert fmt.language_consistency("What is 2+2?", LONG_ANSWERS["inline math"]) == 1.0
+
+
+@pytest.mark.parametrize(
+    "text, think, expected",
+    [
+        ("<think>\n47+30=77\n</think>\n\n#### 77", True, 1.0),
+        (" <think>x</think>77", True, 1.0),
+        ("<think>\n\n</think>\n\n#### 77", True, 0.0),  # empty: not thinking
+        ("<think>\n47+30=77", True, 0.0),  # never closed
+        ("#### 77", True, 0.0),
+        ("#### 77 <think>x</think>", True, 0.0),  # not where the answer starts
+        ("<think>\n\n</think>\n\n#### 77", False, 1.0),  # Qwen3's empty block
+        ("#### 77", False, 1.0),
+        ("<think>\nx\n</think>\n\n#### 77", False, 0.0),
+        ("#### 77 <think>x", False, 0.0),
+    ],
+)
+def test_mode_reward(text, think, expected):
+    assert fmt.mode_reward(text, think) == expected
