@@ -16,9 +16,10 @@ The stages:
   2. rl_think: GRPO on the "/think" prompts with the math verifier;
   3. fusion: SFT on half thinking, half non-thinking rows (seeded per problem), so that one
      model answers in both modes;
-  4. rl_general: GRPO on prompts of both modes (`data.modes="flag"`, half of them "/think"),
-     rewarded for the answer and, with weight 0.5, for following the mode ("mode" format: a
-     non-empty thinking block under "/think", none under "/no_think"), as Qwen3's general RL.
+  4. rl_general: 40 GRPO steps (lr 1e-4) on prompts of both modes (`data.modes="flag"`, half
+     of them "/think"), rewarded for the answer and, with weight 0.5, for following the mode
+     ("mode" format: a non-empty thinking block under "/think", none under "/no_think"), as
+     Qwen3's general RL.
 The baseline spends the same number of steps on the fusion SFT alone, from the start.
 
 `--config=configs/pipelines/qwen3_tiny.py:samples=4` is Qwen3's own fusion stage: its thinking
@@ -113,7 +114,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                     "overrides": {
                         "train.stage": "rl",
                         "train.steps": 40,
-                        "optim.learning_rate": 3e-4,
+                        # 3e-4 (rl_think's) cost 0.094 of "/think" accuracy here (docs/pipelines.md)
+                        "optim.learning_rate": 1e-4,
                         "data.modes": "flag",
                         "reward.format": "mode",
                         "reward.format_weight": 0.5,
