@@ -34,7 +34,6 @@ from rlvr_jax.data.modes import NO_THINK_FLAG, SWITCHES, THINK_FLAG
 from rlvr_jax.data.templates import EMPTY_THINK
 from rlvr_jax.sft.data import Demonstration
 
-__all__ = ["NO_THINK_FLAG", "SWITCHES", "THINK_FLAG"]  # the switches rows are written for
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
