@@ -175,7 +175,12 @@ def test_host_verifier_path_reports_every_stage(tmp_path):
     config.train.steps = 2
     config.train.use_tensorboard = False
     config.reward.verifier = "math"
-    config.reward.format = "none"
+    # Prompts in both thinking modes, rewarded for following theirs (`data.modes`).
+    config.model.tokenizer = "chars:0123456789+-*=/thinko_ <>"
+    config.data.modes = "flag"
+    config.data.buckets = (16,)  # "12+3 /no_think="
+    config.reward.format = "mode"
+    config.reward.format_weight = 0.5
     config.rl.num_microbatches = "auto"  # the update is compiled on its shapes first
     config.rl.memory_budget_gib = 1.0
     lines = []
@@ -188,6 +193,8 @@ def test_host_verifier_path_reports_every_stage(tmp_path):
     assert row["verifier/checks"] == 2 * n + 64  # two steps, plus the eval before training
     for stage in ("prompt_selection", "rollout", "verification", "update", "step"):
         assert row[f"time/{stage}"] > 0
+    # A random policy thinks by chance at most: it follows "/no_think" and not "/think".
+    assert 0 < row["reward/format"] < 1
 
 
 def test_default_config_lets_every_field_be_overridden():

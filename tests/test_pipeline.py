@@ -109,7 +109,8 @@ def test_qwen3_tiny_builds_every_stage_and_its_fusion_rows(tmp_path):
 def test_fusion_thoughts_from_samples_drawn_in_thinking_mode(tmp_path, monkeypatch):
     """Qwen3's fusion stage: the policy is sampled on the thinking row's own prompt, and its
     verified thinking answers become the thinking rows (the sampler is replaced here by answers
-    written by hand: the wiring is the point; the trimmed pipeline below samples for real)."""
+    written by hand: the wiring is the point; the trimmed R1 pipeline below runs the same
+    function with the real sampler, without the thinking switch)."""
     config = qwen3_tiny.get_config()
     config.data.num_train = 8
     ps, base = pipeline.split_config(config)
