@@ -191,6 +191,11 @@ def test_bad_pipelines_are_named(tmp_path):
     c.pipeline.stages[1]["fusion"] = {"think_fraction": 1.5}
     with pytest.raises(ConfigError, match="think_fraction=1.5"):
         pipeline.split_config(c)
+    c = r1_tiny.get_config()
+    c.pipeline.stages[2]["fusion"] = {"switch": "enable_thinking"}  # rs_sft, 4 samples
+    ps, base = pipeline.split_config(c)
+    with pytest.raises(ConfigError, match="'rs_sft': fusion samples with enable_thinking need a"):
+        pipeline._check_stages(base, ps)
     c = qwen3_tiny.get_config()
     c.pipeline.eval_think_budgets = "8,16k"
     with pytest.raises(ConfigError, match="eval_think_budgets='8,16k' is not a list of integers"):

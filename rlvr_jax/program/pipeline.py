@@ -463,6 +463,13 @@ def _check_stages(base: ml_collections.ConfigDict, ps: PipelineSettings) -> None
                 f"pipeline stage {stage.name!r}: fusion data needs train.stage='sft', "
                 f"not {s.train.stage!r}"
             )
+        sampled = stage.fusion is not None and stage.rejection_samples
+        thinking_on = sampled and stage.fusion.switch == "enable_thinking"
+        if thinking_on and not templates.get_template(s.data.template).chat:
+            raise ConfigError(
+                f"pipeline stage {stage.name!r}: fusion samples with enable_thinking need a "
+                f"chat template, not data.template={s.data.template!r}"
+            )
     for label, template in ps.eval_modes:
         try:
             templates.get_template(template)
