@@ -18,6 +18,7 @@ from rlvr_jax.model import hf
 from rlvr_jax.program import build, pipeline, pipeline_eval, rejection, thinking_budget
 from rlvr_jax.program import metrics as metrics_lib
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.rewards import format as fmt
 
 
 def _stage_settings(config):
@@ -146,7 +147,7 @@ def test_fusion_thoughts_from_samples_drawn_in_thinking_mode(tmp_path, monkeypat
         f"fusion data: {len(thinking)} thinking and {8 - len(thinking)} non-thinking rows; "
         "7 of 8 prompts have a thought from verified samples"
     ]
-    with pytest.raises(ValueError, match="thinking_switch='enable_thinking' needs a chat"):
+    with pytest.raises(ValueError, match="thinking modes need chat=True"):
         rejection.sample_demonstrations(settings, 2, samples, thinking_switch="enable_thinking")
 
 
@@ -244,10 +245,10 @@ def test_table_by_hand():
 
 
 def test_thinking_blocks_and_think_tokens():
-    assert pipeline_eval.has_thought("<think>\n47+30=77\n</think>\n\n#### 77")
-    assert pipeline_eval.has_thought("<think>\n47+3")  # never closed, but something in it
-    assert not pipeline_eval.has_thought("<think>\n\n</think>\n\n#### 77")
-    assert not pipeline_eval.has_thought("#### 77 </think> 4")
+    assert fmt.has_thought("<think>\n47+30=77\n</think>\n\n#### 77")
+    assert fmt.has_thought("<think>\n47+3")  # never closed, but something in it
+    assert not fmt.has_thought("<think>\n\n</think>\n\n#### 77")
+    assert not fmt.has_thought("#### 77 </think> 4")
     c = pipeline.split_config(qwen3_tiny.get_config())[1]
     s = settings_lib.settings_from_config(c)
     tok = build.build_tokenizer(s.model)

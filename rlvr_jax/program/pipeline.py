@@ -310,10 +310,7 @@ def write_fusion_data(
         think_fraction=spec.think_fraction,
         seed=spec.seed,
     )
-    thinking = sum(
-        r.thinking if r.thinking is not None else fusion.split_thinking(r.response) is not None
-        for r in rows
-    )
+    thinking = int(fusion.choose_modes(stage_traces, spec.think_fraction, spec.seed).sum())
     with_thought = sum(bool(t.thought) for t in stage_traces)
     origin = "the data" if samples is None else "verified samples"
     log(

@@ -36,7 +36,7 @@ from rlvr_jax.model.transformer import Params
 from rlvr_jax.program import build, evaluation, plots, thinking_budget
 from rlvr_jax.program.settings import Settings
 from rlvr_jax.rewards import format as format_lib
-from rlvr_jax.sft.fusion import THINK_CLOSE, THINK_OPEN
+from rlvr_jax.rewards.format import has_thought
 
 ACCURACY = "greedy acc."
 LENGTH = "length"
@@ -51,17 +51,6 @@ def response_text(tokens: Sequence[int], tok: Tokenizer) -> str:
     if ids and ids[-1] in tok.eos_ids:
         ids = ids[:-1]
     return tok.decode(ids)
-
-
-def has_thought(text: str) -> bool:
-    """Whether a response opens a thinking block with something in it before its close (or
-    before the end, for a block the response never closed)."""
-    start = text.find(THINK_OPEN)
-    if start < 0:
-        return False
-    inside = text[start + len(THINK_OPEN) :]
-    end = inside.find(THINK_CLOSE)
-    return bool((inside if end < 0 else inside[:end]).strip())
 
 
 def _greedy_scores(

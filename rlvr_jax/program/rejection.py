@@ -25,12 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from rlvr_jax import sampling
-from rlvr_jax.data import templates
+from rlvr_jax.data import modes, templates
 from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.program import build
 from rlvr_jax.program.pipeline_eval import response_text
 from rlvr_jax.program.settings import Settings
-from rlvr_jax.sft import fusion
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,19 +75,17 @@ def sample_demonstrations(
     is `train.seed`. The file is written whole to a temporary name and renamed, so a rerun never
     reads a half-written one.
 
-    `thinking_switch` ("flag" or "enable_thinking", as `sft.fusion`'s switch) samples every
+    `thinking_switch` ("flag" or "enable_thinking", as `data.modes`' switches) samples every
     prompt in thinking mode: the question followed by the "/think" flag, or the chat template
     with `enable_thinking=True`. A row's "id" is then its example's id, "/rs" and an index.
 
     Raises:
       ValueError: `num_samples` < 1, an unknown `thinking_switch`, "enable_thinking" with a
-        template that is not a chat template, or no answer was verified (an SFT stage needs at
-        least one).
+        template that is not a chat template (`data.modes.ask_in_modes`, `PromptTemplate`), or
+        no answer was verified (an SFT stage needs at least one).
     """
     if num_samples < 1:
         raise ValueError(f"num_samples={num_samples} must be >= 1")
-    if thinking_switch not in (None, *fusion.SWITCHES):
-        raise ValueError(f"thinking_switch={thinking_switch!r}; expected one of {fusion.SWITCHES}")
     if thinking_switch and settings.data.modes:
         raise ValueError(
             f"thinking_switch={thinking_switch!r} with data.modes={settings.data.modes!r}: the "
@@ -97,17 +94,8 @@ def sample_demonstrations(
     tok, params, model_cfg, s = build.policy_and_settings(settings)
     train_ex = build.load_examples(s.data)[0]
     template = templates.get_template(s.data.template)
-    if thinking_switch == "flag":
-        train_ex = [
-            dataclasses.replace(ex, prompt_text=f"{ex.prompt_text} {fusion.THINK_FLAG}")
-            for ex in train_ex
-        ]
-    elif thinking_switch == "enable_thinking":
-        if not template.chat:
-            raise ValueError(
-                f"thinking_switch='enable_thinking' needs a chat template, not {s.data.template!r}"
-            )
-        template = dataclasses.replace(template, thinking=True)
+    if thinking_switch:  # every prompt asked in thinking mode, as `data.modes` asks them
+        train_ex = modes.ask_in_modes(train_ex, thinking_switch, think_share=1.0)
     enc = templates.encode_prompts(train_ex, template, tok, s.data.buckets)
     cfg = dataclasses.replace(s.rl.sampler, method="sample")
     B, G = s.eval.batch_prompts, num_samples

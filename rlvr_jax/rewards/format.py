@@ -9,6 +9,9 @@ Host code (pure Python, standard library only).
   non-empty answer; else 0.0. When the prompt already ends with `<think>` (R1-Zero template), pass
   `think_in_prompt=True`: the response then starts inside the thinking block and must not contain
   `<think>` again.
+* `split_thinking` and `has_thought`: a response's leading thinking block split from its answer,
+  and whether a response has a non-empty thinking block anywhere (the fusion rows' parser and
+  the evaluation's thought rate).
 * `mode_reward`: 1.0 when the response follows the mode its prompt asked for (`data.modes`):
   asked to think, it opens with a closed, non-empty thinking block; asked not to, it has no
   non-empty thinking block (the empty `<think>\n\n</think>` Qwen3 writes is allowed).
@@ -63,15 +66,32 @@ def strip_eos(text: str, eos_strings: Sequence[str] = EOS_STRINGS) -> str:
     return text[:end]
 
 
+def split_thinking(response: str) -> tuple[str, str] | None:
+    """A thinking response's (thought, answer): the text inside its leading "<think>" block
+    and the text after the block's close, without the newlines Qwen3 puts around them. None for
+    a response that does not open with a block, never closes it, or leaves it empty."""
+    text = response.lstrip()
+    if not text.startswith(THINK_OPEN):
+        return None
+    inside, close, after = text[len(THINK_OPEN) :].partition(THINK_CLOSE)
+    if not close or not inside.strip():
+        return None
+    return inside.strip("\n"), after.lstrip("\n")
+
+
+def has_thought(text: str) -> bool:
+    """Whether a response opens a thinking block with something in it before its close (or
+    before the end, for a block the response never closed)."""
+    start = text.find(THINK_OPEN)
+    if start < 0:
+        return False
+    inside = text[start + len(THINK_OPEN) :]
+    return bool(inside.partition(THINK_CLOSE)[0].strip())
+
+
 def mode_reward(text: str, think: bool) -> float:
     """1.0 when `text` follows the mode its prompt asked for (see the module docstring)."""
-    body = text.lstrip()
-    start = body.find(THINK_OPEN)
-    inside = "" if start < 0 else body[start + len(THINK_OPEN) :]
-    thought, close, _ = inside.partition(THINK_CLOSE)
-    if think:
-        return float(start == 0 and bool(close) and bool(thought.strip()))
-    return float(start < 0 or not thought.strip())
+    return float(split_thinking(text) is not None if think else not has_thought(text))
 
 
 def r1_format_reward(

@@ -67,20 +67,6 @@ def non_thinking_response(answer: str) -> str:
     return EMPTY_THINK + answer.lstrip("\n")
 
 
-def split_thinking(response: str) -> tuple[str, str] | None:
-    """A thinking response's (thought, answer): the text inside its leading "<think>" block
-    and the text after the block's close, both stripped of the newlines `thinking_response`
-    puts around them. None for a response that does not open with a block, never closes it,
-    or leaves it empty."""
-    text = response.lstrip()
-    if not text.startswith(THINK_OPEN):
-        return None
-    inside, close, after = text[len(THINK_OPEN) :].partition(THINK_CLOSE)
-    if not close or not inside.strip():
-        return None
-    return inside.strip("\n"), after.lstrip("\n")
-
-
 def choose_modes(traces: Sequence[Trace], think_fraction: float, seed: int) -> np.ndarray:
     """Whether each trace becomes a thinking row: with probability `think_fraction` for the
     traces that have a thought, never for those without one (seeded, so reruns agree)."""

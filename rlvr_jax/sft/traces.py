@@ -26,7 +26,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from rlvr_jax.data.example import Example
-from rlvr_jax.sft.fusion import Trace, split_thinking
+from rlvr_jax.rewards.format import split_thinking
+from rlvr_jax.sft.fusion import Trace
 
 _TOKEN_RE = re.compile(r"\d+|[+\-*]")
 
@@ -111,8 +112,8 @@ def traces_from_samples(
 ) -> list[Trace]:
     """One trace per example from sampled answers (`samples`: example id -> verified responses,
     in order): the thought and answer of the first response with a non-empty, closed thinking
-    block (`fusion.split_thinking`). An example with no such response gets no thought, and its
-    answer written with `answer_format`, as in `traces_from_examples`."""
+    block (`rewards.format.split_thinking`). An example with no such response gets no thought,
+    and its answer written with `answer_format`, as in `traces_from_examples`."""
     out = []
     for ex in examples:
         split = next(

@@ -6,6 +6,7 @@ import pytest
 
 from rlvr_jax.data import datasets
 from rlvr_jax.data.example import Example
+from rlvr_jax.rewards import format as fmt
 from rlvr_jax.sft import fusion, traces
 
 _STEP = re.compile(r"^(-?\d+)([+\-*])(\d+)=(-?\d+)$")
@@ -88,6 +89,6 @@ def test_thoughts_from_verified_samples():
     ],
 )
 def test_split_thinking(response, split):
-    assert fusion.split_thinking(response) == split
+    assert fmt.split_thinking(response) == split
     if split is not None:
-        assert fusion.split_thinking(fusion.thinking_response(*split)) == split
+        assert fmt.split_thinking(fusion.thinking_response(*split)) == split
