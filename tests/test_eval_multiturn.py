@@ -75,8 +75,19 @@ def test_the_evaluator_runs_episodes_for_a_multi_turn_task():
         task.stop_sequences = tuple((i,) for i in tok.encode(STOPS))
         task.response_format = ToolResponseFormat("[", "]")
         sampler_cfg = build.sampler_config(s, tok)
+        episodes = []
         correct_BG, lengths_BG, truncated_BG = evaluation.generate_and_score(
-            params, model_cfg, task, ids, examples, sampler_cfg, 2, s.data.buckets, tok.pad_id, 2
+            params,
+            model_cfg,
+            task,
+            ids,
+            examples,
+            sampler_cfg,
+            2,
+            s.data.buckets,
+            tok.pad_id,
+            2,
+            episodes=episodes,
         )
         # Two batches of 2 prompts x 2 episodes (the last batch padded by repetition).
         assert task.created == 8
@@ -84,3 +95,10 @@ def test_the_evaluator_runs_episodes_for_a_multi_turn_task():
     assert CountingEnv.steps > 0
     assert correct_BG.any(), "no episode got an observation: the tools did not run"
     assert (lengths_BG <= 12).all()
+    # The episodes' counts, padding rows left out: an episode called a tool exactly when it got
+    # an observation (what this task scores).
+    assert [len(e["tool_calls"]) for e in episodes] == [4, 2]
+    metrics = evaluation.episode_metrics(episodes)
+    assert metrics["tool_call_rate"] == pytest.approx(float(np.mean(correct_BG)))
+    assert metrics["tool_calls"] >= metrics["tool_call_rate"]
+    assert metrics["turns"] >= 1.0

@@ -47,6 +47,7 @@ ARITHMETIC_LEVELS: dict[int, tuple[int, int, str]] = {
     3: (3, 2, "+-"),
     4: (3, 2, "+-*"),
     5: (4, 3, "+-*"),
+    6: (2, 3, "*"),
 }
 
 
@@ -592,7 +593,8 @@ def arithmetic_examples(num: int, seed: int, level: int | Sequence[int] = 1) -> 
       num: how many.
       seed: the same arguments give the same problems.
       level: a key of `ARITHMETIC_LEVELS` (1: "a+b" with one digit ... 5: four 3-digit terms with
-        + - *), or several levels to mix in equal shares (example i has level `levels[i % k]`).
+        + - *; 6: a product of two terms of up to 3 digits), or several levels to mix in equal
+        shares (example i has level `levels[i % k]`).
 
     Returns:
       Examples whose prompt_text is the expression ("3+4"), answer its value, difficulty the

@@ -107,6 +107,12 @@ class Environment(abc.ABC):
         return {"correct": 0.0}
 
 
+def tool_call_text(name: str, arguments: Mapping[str, Any]) -> str:
+    """A tool call as the model writes it (what `parse_tool_call` reads back)."""
+    payload = json.dumps({"name": name, "arguments": dict(arguments)})
+    return f"{TOOL_CALL_OPEN}\n{payload}\n{TOOL_CALL_CLOSE}"
+
+
 def parse_tool_call(text: str) -> ToolCall:
     """The last `<tool_call>{json}</tool_call>` block of a turn's text.
 
@@ -142,6 +148,11 @@ def parse_tool_call(text: str) -> ToolCall:
         raise ToolCallError('"arguments" must be a JSON object')
     return ToolCall(name, arguments)
 
+
+# A scripted policy: the last observation (None at the start) -> the next model turn's text.
+ScriptedPolicy = Callable[[str | None], str]
+# An episode to play with a scripted policy (a demonstration: `envs.demonstrations`).
+Demonstrator = tuple["Environment", ScriptedPolicy]
 
 # A tool: its arguments (keywords) -> the observation text, or (text, failed) for a tool that
 # reports its own failures. It raises ToolCallError for arguments it cannot take.

@@ -25,7 +25,7 @@ import numpy as np
 
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
-from rlvr_jax.envs.environment import Environment, ToolResponseFormat
+from rlvr_jax.envs.environment import Demonstrator, Environment, ToolResponseFormat
 from rlvr_jax.rewards import shaping
 from rlvr_jax.rewards.config import RewardSettings
 from rlvr_jax.types import Rollout
@@ -102,6 +102,13 @@ class MultiTurnTask(Task):
     @abc.abstractmethod
     def environment(self) -> Environment:
         """A fresh episode (its `reset` takes the example)."""
+
+    def demonstration(self, example: Example) -> Demonstrator | None:
+        """A scripted gold episode of `example` for a supervised cold start
+        (`envs.demonstrations`): an environment and the policy that plays it; None where the
+        task has no script for the example (the default)."""
+        del example
+        return None
 
 
 def response_texts(tok: Tokenizer, rollout: Rollout) -> list[str]:

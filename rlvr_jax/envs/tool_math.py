@@ -22,7 +22,13 @@ import numpy as np
 
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
-from rlvr_jax.envs.environment import TOOL_CALL_CLOSE, ToolCallError, ToolEnvironment
+from rlvr_jax.envs.environment import (
+    TOOL_CALL_CLOSE,
+    Demonstrator,
+    ToolCallError,
+    ToolEnvironment,
+    tool_call_text,
+)
 from rlvr_jax.envs.task import MultiTurnTask
 from rlvr_jax.rewards import math as math_reward
 from rlvr_jax.rewards import sandbox
@@ -43,6 +49,8 @@ SYSTEM = (
     "<tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 )
+# The final turn of a demonstration (`MathToolTask.demonstration`).
+ANSWER_TURN = "The answer is \\boxed{{{answer}}}."
 LIMITS = sandbox.SandboxLimits(
     cpu_seconds=2, wall_seconds=5.0, memory_bytes=512 << 20, max_output_bytes=64 << 10
 )
@@ -107,9 +115,9 @@ class MathToolTask(MultiTurnTask):
 
     name = "math_tool"
 
-    def __init__(self, tok: Tokenizer, reward: RewardSettings, system: str = SYSTEM):
+    def __init__(self, tok: Tokenizer, reward: RewardSettings):
         self.tok = tok
-        self.system = system
+        self.system = reward.tool_system or SYSTEM
         self.max_turns = reward.max_turns
         self.turn_tokens = reward.turn_tokens
         self.tool_workers = reward.tool_workers
@@ -124,6 +132,22 @@ class MathToolTask(MultiTurnTask):
     def environment(self) -> MathToolEnv:
         # The final answer is scored in `score`, in the pool, not in the tool threads.
         return MathToolEnv(self.tok, verify=lambda text, gold: 0.0, system=self.system)
+
+    def demonstration(self, example: Example) -> Demonstrator | None:
+        """The gold episode of a problem with a known expression (`meta["expression"]`, as the
+        generated arithmetic has): a `python` call that prints it, then the printed value boxed
+        (`ANSWER_TURN`). The final turn is text of this script, not model output, so this
+        episode's environment checks it in this process."""
+        expression = (example.meta or {}).get("expression")
+        if not isinstance(expression, str) or not expression:
+            return None
+
+        def policy(observation: str | None) -> str:
+            if observation is None:
+                return tool_call_text("python", {"code": f"print({expression})"})
+            return ANSWER_TURN.format(answer=observation.strip())
+
+        return MathToolEnv(self.tok, system=self.system), policy
 
     def final_answers(self, rollout: Rollout) -> list[str]:
         """Each row's last model turn: its tokens after the last observation."""

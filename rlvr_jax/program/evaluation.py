@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from rlvr_jax.program.build import sampler_config
 from rlvr_jax.program.settings import DataSettings, Settings
 from rlvr_jax.rl import multiturn
 
-GREEDY, SAMPLED = "greedy", "sampled"
+GREEDY, SAMPLED, EPISODES = "greedy", "sampled", "episodes"
 ALL = "all"
 
 
@@ -117,8 +117,12 @@ def generate_and_score(
     temperature: float = 1.0,
     top_p: float = 1.0,
     seed: int = 0,
+    episodes: list[dict[str, np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """G responses per prompt (G episodes for a multi-turn task) and their verdicts.
+
+    `episodes`: for a multi-turn task, each batch's per-episode counts are appended to it
+    (`episodes_and_score`; `episode_metrics` sums them up).
 
     Returns:
       (correct_BG bool, lengths_BG int, truncated_BG bool) host arrays over the B prompts.
@@ -138,6 +142,7 @@ def generate_and_score(
             temperature,
             top_p,
             seed,
+            episodes,
         )
         return (
             correct.reshape(-1, G) > 0.5,
@@ -184,12 +189,15 @@ def episodes_and_score(
     temperature: float = 1.0,
     top_p: float = 1.0,
     seed: int = 0,
+    episodes: list[dict[str, np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """G episodes of every example (`rl.multiturn.run_episodes`, the task's environments and
     tool-call stops, `task.turn_tokens` a round) and their verdicts by `task.score`.
 
     Batches hold `batch_prompts` examples, the last one padded by repeating its last example
-    (fixed shapes); batch i samples with fold_in(key(seed), i).
+    (fixed shapes); batch i samples with fold_in(key(seed), i). Each batch's per-episode
+    "tool_calls", "tool_errors" and "turns" (padding rows left out) are appended to `episodes`
+    when it is given.
 
     Returns:
       (correct_N, lengths_N, finish_N) host arrays, row p * G + g for episode g of example p.
@@ -220,14 +228,37 @@ def episodes_and_score(
             params, model_cfg, cfg, context_buckets, pad_id, jax.random.fold_in(key, i), sp
         )
         envs = [task.environment() for _ in range(B * G)]
-        rollout, _ = multiturn.run_episodes(
+        rollout, stats = multiturn.run_episodes(
             decode, envs, chosen, task.tok, episode_cfg, buckets, pad_id
         )
+        if episodes is not None:
+            episodes.append(
+                {
+                    "tool_calls": stats.tool_calls_N[: real * G],
+                    "tool_errors": stats.tool_errors_N[: real * G],
+                    "turns": stats.turns_N[: real * G],
+                }
+            )
         rows = [ex for ex in chosen for _ in range(G)]
         correct = task.score(rollout, rows)["correct"]
         lengths, finish = jax.device_get((rollout.lengths_N, rollout.finish_N))
         out.append([np.asarray(a)[: real * G] for a in (correct, lengths, finish)])
     return tuple(np.concatenate(parts) for parts in zip(*out, strict=True))
+
+
+def episode_metrics(episodes: Sequence[Mapping[str, np.ndarray]]) -> dict[str, float]:
+    """What the episodes of `episodes_and_score` did: "tool_call_rate" (the share of episodes
+    with a tool call), and "tool_calls", "tool_errors" and "turns" per episode."""
+    calls, errors, turns = (
+        np.concatenate([np.asarray(e[k], np.float64) for e in episodes])
+        for k in ("tool_calls", "tool_errors", "turns")
+    )
+    return {
+        "tool_call_rate": float(np.mean(calls > 0)),
+        "tool_calls": float(np.mean(calls)),
+        "tool_errors": float(np.mean(errors)),
+        "turns": float(np.mean(turns)),
+    }
 
 
 def breakdowns(examples: Sequence[Example]) -> list[list[str]]:
@@ -271,8 +302,9 @@ def evaluate(
     """Greedy accuracy and, with `options.num_samples`, pass@k and mean@n, per source.
 
     Returns:
-      {"num_prompts", "num_too_long", "greedy": {"all" | source: metrics}, and "sampled" (same
-      layout) when sampling}. Metrics are `eval_metrics.group_metrics` names: "mean@1" is the
+      {"num_prompts", "num_too_long", "greedy": {"all" | source: metrics}, "sampled" (same
+      layout) when sampling, and "episodes" (`episode_metrics` of the greedy episodes) for a
+      multi-turn task}. Metrics are `eval_metrics.group_metrics` names: "mean@1" is the
       greedy accuracy, "pass@k", "mean@n", "length/mean", "length/truncated", ...
     """
     s = settings
@@ -293,10 +325,13 @@ def evaluate(
     out: dict[str, Any] = {"num_prompts": len(enc.ids), "num_too_long": enc.num_too_long}
     try:
         greedy = dataclasses.replace(sampler_cfg, method="greedy")
+        episodes: list[dict[str, np.ndarray]] = []
         scored = generate_and_score(
-            params, model_cfg, task, enc.ids, enc.examples, greedy, 1, **common
+            params, model_cfg, task, enc.ids, enc.examples, greedy, 1, **common, episodes=episodes
         )
         out[GREEDY] = _table(sources, *scored, ks=(1,))
+        if episodes:
+            out[EPISODES] = episode_metrics(episodes)
         n = options.num_samples
         if n:
             sample = dataclasses.replace(sampler_cfg, method="sample")
@@ -341,12 +376,18 @@ def format_table(result: dict[str, Any]) -> str:
     for name in names:
         rows.append([name, *[fn(greedy[name], (sampled or {}).get(name)) for _, fn in cols]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
+    tail = ""
+    if EPISODES in result:
+        tail = "\ngreedy episodes: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in result[EPISODES].items()
+        )
+    table = "\n".join(
         "  ".join(
             [r[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True))]
         )
         for r in rows
     )
+    return table + tail
 
 
 def _json_safe(x: Any) -> Any:
@@ -376,11 +417,14 @@ def heldout_evaluator(
     """`evaluate(params)`: greedy accuracy, response length and truncation on the held-out
     prompts (`eval/accuracy`, `eval/length`, `eval/truncated`, `eval/num_prompts`), and the
     accuracy per source and per difficulty (`eval/<source>/accuracy`,
-    `eval/<source>/level<d>/accuracy`) where the prompts hold several of them."""
+    `eval/<source>/level<d>/accuracy`) where the prompts hold several of them; for a
+    multi-turn task, `eval/tool_call_rate`, `eval/tool_calls`, `eval/tool_errors` and
+    `eval/turns` (`episode_metrics`)."""
     greedy = dataclasses.replace(sampler_config(settings, tok), method="greedy")
     groupings = [g for g in breakdowns(examples) if len(set(g)) > 1]
 
     def evaluate(params: Params) -> dict[str, float]:
+        episodes: list[dict[str, np.ndarray]] = []
         correct, lengths, truncated = generate_and_score(
             params,
             model_cfg,
@@ -392,6 +436,7 @@ def heldout_evaluator(
             settings.data.buckets,
             tok.pad_id,
             settings.eval.batch_prompts,
+            episodes=episodes,
         )
         out = {
             "eval/accuracy": float(np.mean(correct)),
@@ -399,6 +444,8 @@ def heldout_evaluator(
             "eval/truncated": float(np.mean(truncated)),
             "eval/num_prompts": float(len(correct)),
         }
+        if episodes:
+            out.update({f"eval/{k}": v for k, v in episode_metrics(episodes).items()})
         for labels in groupings:
             table = eval_metrics.per_source(labels, correct)
             out.update({f"eval/{k}/accuracy": v["mean@1"] for k, v in table.items()})

@@ -8,7 +8,8 @@ The suite: greedy accuracy on the held-out prompts, overall and per data source;
 mean@n from n samples per prompt (`evaluation.evaluate`, the `rlvr_jax.eval` command's numbers);
 the mean greedy response length and the truncation rate; and, from the same greedy responses, the
 format rate (the task's "format" part, where the task has one) and the language-consistency rate
-(`rewards.format.language_consistency` of each response against its prompt). Where the pipeline
+(`rewards.format.language_consistency` of each response against its prompt); for a multi-turn
+task (tools), the tool-call rate and tool errors per episode instead. Where the pipeline
 names prompt templates for thinking on and off (`pipeline.eval_modes`), greedy accuracy, length
 and the rate of non-empty thinking blocks under each (`mode_rates`); where it names thinking
 budgets, greedy accuracy and the early-end rate at each (`program.thinking_budget`).
@@ -43,6 +44,8 @@ LENGTH = "length"
 TRUNCATED = "truncated"
 FORMAT = "format rate"
 LANGUAGE = "language consistency"
+TOOL_CALL_RATE = "tool-call rate"
+TOOL_ERRORS = "tool errors"
 
 
 def response_text(tokens: Sequence[int], tok: Tokenizer) -> str:
@@ -186,6 +189,10 @@ def summarize(result: Mapping[str, Any], rates: Mapping[str, float]) -> dict[str
         )
     row[LENGTH] = everything["length/mean"]
     row[TRUNCATED] = everything["length/truncated"]
+    episodes = result.get(evaluation.EPISODES)
+    if episodes:
+        row[TOOL_CALL_RATE] = episodes["tool_call_rate"]
+        row[TOOL_ERRORS] = episodes["tool_errors"]
     row.update(rates)
     return row
 
@@ -209,9 +216,15 @@ def evaluate_source(
     params, model_cfg = build.load_policy(model, tok, s.train.seed)
     examples = build.load_examples(s.data)[1]
     result = evaluation.evaluate(params, model_cfg, tok, s, examples, options, log=log)
-    scored = _greedy_scores(params, model_cfg, tok, s, examples)
-    row = summarize(result, greedy_rates(params, model_cfg, tok, s, examples, scored))
-    known = {s.data.template: scored}  # a mode under the base template reuses its responses
+    if evaluation.EPISODES in result:
+        # A multi-turn task: its episodes are the responses (the format and language rates of
+        # single-turn responses would describe something else).
+        row = summarize(result, {})
+        known = {}
+    else:
+        scored = _greedy_scores(params, model_cfg, tok, s, examples)
+        row = summarize(result, greedy_rates(params, model_cfg, tok, s, examples, scored))
+        known = {s.data.template: scored}  # a mode under the base template reuses its responses
     row.update(mode_rates(params, model_cfg, tok, s, examples, modes, known))
     if think_budgets:
         template = dict(modes)[budget_mode] if budget_mode else s.data.template

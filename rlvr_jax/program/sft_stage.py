@@ -1,12 +1,14 @@
 """The SFT stage: a cold start on demonstrations or distillation traces before RL.
 
 `python -m rlvr_jax.main --config=configs/sft_tiny.py` runs it (`train.stage="sft"`).
-Demonstrations come from `sft.path`, or from the training examples of `data` with their gold
-answer as the response (`rlvr_jax.sft.data`); the update is `rlvr_jax.sft.step`. The state,
-optimizer, checkpoints, evaluation and metrics ledger are the run skeleton's, as for RL, so a run
-resumes exactly from its workdir (data order included). At the end the policy is written as a
-Hugging Face directory `<workdir>/hf` (config.json, safetensors, tokenizer), and the RL stage
-starts from it with `model.source=<workdir>/hf`.
+Demonstrations come from `sft.path`, or from the training examples of `data`: with their gold
+answer as the response (`rlvr_jax.sft.data`), or, for a multi-turn task (tools), as the task's
+scripted gold episodes (`rlvr_jax.envs.demonstrations`, the loss on the model's turns only). The
+update is `rlvr_jax.sft.step`. The state, optimizer, checkpoints, evaluation and metrics ledger
+are the run skeleton's, as for RL, so a run resumes exactly from its workdir (data order
+included). At the end the policy is written as a Hugging Face directory `<workdir>/hf`
+(config.json, safetensors, tokenizer), and the RL stage starts from it with
+`model.source=<workdir>/hf`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data import curriculum as curriculum_lib
 from rlvr_jax.data import templates
 from rlvr_jax.data.example import Example
+from rlvr_jax.data.tokenizer import Tokenizer
+from rlvr_jax.envs.demonstrations import scripted_demonstrations
 from rlvr_jax.envs.single_turn import build_task
+from rlvr_jax.envs.task import MultiTurnTask, Task
 from rlvr_jax.model import hf
 from rlvr_jax.program import build
 from rlvr_jax.program.evaluation import heldout_evaluator
@@ -32,10 +37,10 @@ from rlvr_jax.program.run import Stage, run_stage
 from rlvr_jax.program.settings import Settings
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.sft.data import (
-    Demonstration,
     EncodedDemonstrations,
     demonstrations_from_examples,
     encode_demonstrations,
+    from_episodes,
     load_demonstrations,
 )
 from rlvr_jax.sft.step import build_sft_step, make_batch
@@ -43,14 +48,33 @@ from rlvr_jax.sft.step import build_sft_step, make_batch
 EXPORT_DIR = "hf"
 
 
-def _demonstrations(
-    s: Settings, train_ex: Sequence[Example] | None, log: Callable[[str], None]
-) -> list[Demonstration]:
+def _encoded(
+    s: Settings,
+    tok: Tokenizer,
+    template: templates.PromptTemplate,
+    train_ex: Sequence[Example] | None,
+    task: Task | None,
+    log: Callable[[str], None],
+) -> EncodedDemonstrations:
+    """The demonstrations, tokenized: `sft.path`'s; or, without one, the scripted gold episodes
+    of a multi-turn task (`envs.demonstrations`), or the training examples with their answers."""
+    max_len = max(s.sft.buckets)
+    if not s.sft.path and isinstance(task, MultiTurnTask):
+        played = scripted_demonstrations(task, train_ex or [], max_len, s.reward.tool_workers)
+        log(played.summary())
+        if not played.episodes:
+            raise ConfigError(
+                f"reward.verifier={s.reward.verifier!r} gave no scripted demonstration of the "
+                f"{len(train_ex or [])} training examples of data.name={s.data.name!r} within "
+                f"{max_len} tokens ({played.summary()}); set sft.path or raise sft.buckets"
+            )
+        return from_episodes(played, train_ex or [], max_len)
     if not s.sft.path:
-        return demonstrations_from_examples(train_ex or [], s.sft.response_format)
-    demos, report = load_demonstrations(s.sft.path, s.sft.prompt_field, s.sft.response_field)
-    log(report.summary())
-    return demos
+        demos = demonstrations_from_examples(train_ex or [], s.sft.response_format)
+    else:
+        demos, report = load_demonstrations(s.sft.path, s.sft.prompt_field, s.sft.response_field)
+        log(report.summary())
+    return encode_demonstrations(demos, template, tok, max_len)
 
 
 def _sft_step(s: Settings, step_fn, sampler, enc: EncodedDemonstrations, pad_id: int):
@@ -62,6 +86,7 @@ def _sft_step(s: Settings, step_fn, sampler, enc: EncodedDemonstrations, pad_id:
             [enc.prompt_lengths[i] for i in idx],
             s.sft.buckets,
             pad_id,
+            None if enc.trained is None else [enc.trained[i] for i in idx],
         )
         state, metrics = step_fn(state, jax.tree.map(jnp.asarray, batch))
         metrics = jax.device_get(metrics)
@@ -93,32 +118,32 @@ def run(
         train_ex, eval_ex, notes = build.load_examples(s.data)
         for note in notes:
             log(note)
-    enc = encode_demonstrations(
-        _demonstrations(s, train_ex, log), template, tok, max(s.sft.buckets)
-    )
-    log(enc.summary())
-    if len(enc.ids) < s.sft.batch_size:
-        raise ConfigError(
-            f"sft.batch_size={s.sft.batch_size} exceeds the {len(enc.ids)} demonstrations"
-        )
-    steps = math.ceil(s.sft.epochs * len(enc.ids) / s.sft.batch_size) or s.train.steps
-
-    optimizer = state_lib.make_optimizer(s.optim)
-    step_fn = build_sft_step(
-        model_cfg, optimizer, state_lib.learning_rate_schedule(s.optim), s.rl.logprob_chunk
-    )
-    state = state_lib.init_train_state(
-        params, optimizer, jax.random.key(s.train.seed + 1), use_reference=False
-    )
-    sampler = curriculum_lib.EpochSampler(enc.demos, shuffle=True)
     with contextlib.ExitStack() as stack:
-        evaluate = None
-        if s.sft.eval:
+        task = enc_eval = None
+        if train_ex is not None:
             enc_eval = templates.encode_prompts(eval_ex, template, tok, s.data.buckets)
             task = build_task(
                 s.reward, tok, model_cfg.vocab_size, enc_eval.examples, s.data.template
             )
             stack.enter_context(task)
+        enc = _encoded(s, tok, template, train_ex, task, log)
+        log(enc.summary())
+        if len(enc.ids) < s.sft.batch_size:
+            raise ConfigError(
+                f"sft.batch_size={s.sft.batch_size} exceeds the {len(enc.ids)} demonstrations"
+            )
+        steps = math.ceil(s.sft.epochs * len(enc.ids) / s.sft.batch_size) or s.train.steps
+
+        optimizer = state_lib.make_optimizer(s.optim)
+        step_fn = build_sft_step(
+            model_cfg, optimizer, state_lib.learning_rate_schedule(s.optim), s.rl.logprob_chunk
+        )
+        state = state_lib.init_train_state(
+            params, optimizer, jax.random.key(s.train.seed + 1), use_reference=False
+        )
+        sampler = curriculum_lib.EpochSampler(enc.demos, shuffle=True)
+        evaluate = None
+        if s.sft.eval:
             evaluate = heldout_evaluator(model_cfg, s, task, tok, enc_eval.ids, enc_eval.examples)
         stage = Stage(
             name="SFT",

@@ -36,6 +36,8 @@ class RewardSettings:
       calls are looked at (a round ends earlier when every row has stopped); 0: all of
       `rl.sampler.max_new_tokens`.
     tool_workers: threads that run the tools of a multi-turn rollout.
+    tool_system: the system message of "math_tool" episodes, which describes the `python`
+      tool; empty: Qwen2.5's tool description (`envs.tool_math.SYSTEM`, about 200 tokens).
     rm_path: the workdir of a reward-model run (`train.stage="rm"`, docs/reward_models.md):
       its newest checkpoint scores every response, as the part "preference" (empty: no
       reward model). It must share this run's tokenizer.
@@ -66,6 +68,7 @@ class RewardSettings:
     max_turns: int = 4
     turn_tokens: int = 0
     tool_workers: int = 8
+    tool_system: str = ""
     rm_path: str = ""
     rm_weight: float = 1.0
     rm_norm: Literal["none", "batch", "sigmoid"] = "none"

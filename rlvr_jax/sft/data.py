@@ -21,6 +21,7 @@ from rlvr_jax.data import datasets, jsonl, templates
 from rlvr_jax.data.datasets import LoadReport, MalformedRowError
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
+from rlvr_jax.envs import demonstrations as envs_demonstrations
 
 # (prompt field, response field) pairs tried in order on each row.
 FIELD_PAIRS = (
@@ -144,6 +145,8 @@ class EncodedDemonstrations:
       num_too_long: demonstrations longer than `max_len`, skipped.
       too_long_ids: the first few skipped ids.
       max_len: the limit (the largest sequence bucket).
+      trained: per sequence, which ids are targets of the loss; None: every id after the
+        prompt. Multi-turn episodes (`from_episodes`) leave their observations out.
     """
 
     ids: list[list[int]]
@@ -152,16 +155,47 @@ class EncodedDemonstrations:
     num_too_long: int
     too_long_ids: tuple[str, ...]
     max_len: int
+    trained: list[list[bool]] | None = None
 
     def summary(self) -> str:
         """One line for the log."""
-        n = sum(len(i) - p for i, p in zip(self.ids, self.prompt_lengths, strict=True))
+        if self.trained is not None:
+            n = sum(sum(t) for t in self.trained)
+        else:
+            n = sum(len(i) - p for i, p in zip(self.ids, self.prompt_lengths, strict=True))
         line = f"{len(self.ids)} demonstrations fit in {self.max_len} tokens ({n} response tokens)"
         if self.num_too_long:
             line += (
                 f"; skipped {self.num_too_long} longer ones, e.g. {', '.join(self.too_long_ids)}"
             )
         return line
+
+
+def from_episodes(
+    demos: envs_demonstrations.Demonstrations, examples: Sequence[Example], max_len: int
+) -> EncodedDemonstrations:
+    """Scripted tool episodes (`envs.demonstrations`) as demonstrations: their ids as played,
+    the loss on the model's turns only (observations are context, as in the RL loss)."""
+    by_id = {ex.id: ex for ex in examples}
+    kept = [
+        Demonstration(
+            id=e.example_id,
+            prompt=by_id[e.example_id].prompt_text,
+            response="",
+            answer=by_id[e.example_id].answer,
+            source=by_id[e.example_id].source,
+        )
+        for e in demos.episodes
+    ]
+    return EncodedDemonstrations(
+        ids=[e.ids for e in demos.episodes],
+        prompt_lengths=[e.prompt_length for e in demos.episodes],
+        demos=kept,
+        num_too_long=demos.too_long,
+        too_long_ids=(),
+        max_len=max_len,
+        trained=[e.trained for e in demos.episodes],
+    )
 
 
 def encode_demonstrations(

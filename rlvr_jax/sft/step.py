@@ -43,8 +43,12 @@ def make_batch(
     prompt_lengths: Sequence[int],
     buckets: Sequence[int],
     pad_id: int,
+    trained: Sequence[Sequence[bool]] | None = None,
 ) -> SFTBatch:
     """Pads sequences on the right to the smallest bucket that holds the longest (numpy arrays).
+
+    `trained[i][t]` says whether id t of sequence i is a target of the loss (a multi-turn
+    episode's model tokens, not its observations); None: every id after the prompt.
 
     Raises:
       ValueError: for a sequence longer than the largest bucket, or a prompt that leaves no
@@ -65,6 +69,10 @@ def make_batch(
         mask[i, : len(seq)] = True
         # Position t predicts token t + 1: the targets p .. len - 1 are the response.
         loss_mask[i, p - 1 : len(seq) - 1] = True
+        if trained is not None:
+            if len(trained[i]) != len(seq):
+                raise ValueError(f"row {i}: {len(trained[i])} trained flags for {len(seq)} ids")
+            loss_mask[i, : len(seq) - 1] &= np.asarray(trained[i][1:], bool)
     return SFTBatch(tokens, mask, loss_mask)
 
 

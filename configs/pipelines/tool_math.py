@@ -1,0 +1,61 @@
+"""Tool use learned by the embedded SmolLM2-135M-Instruct: a short SFT cold start on scripted
+tool episodes, then GRPO with the tool.
+
+Command (CPU, offline; bubblewrap installed for the sandbox, docs/sandbox.md):
+  python -m rlvr_jax.pipeline --config=configs/pipelines/tool_math.py --workdir=/tmp/tool_math
+  (`:seed=N` for another training seed, in its own workdir)
+
+The task is `configs/agent_math_tool.py`'s: products of two numbers of up to three digits
+("850*636"), a `python` tool run in the sandbox, the boxed final answer checked by the math
+verifier. The model alone gets none of them right (`python -m rlvr_jax.eval
+--config=configs/agent_math_tool.py:notool`), and with the tool described in its prompt it never
+calls it. The stages:
+  1. sft_cold: SFT on scripted gold episodes of the training problems (`envs.demonstrations`:
+     call `python` with `print(<expression>)`, then box what it printed), the loss on the
+     model's turns only; few steps, so that the tool format is only partly learned;
+  2. rl: GRPO on the tool episodes (`reward.verifier="math_tool"`), B=4 prompts x G=4 episodes,
+     temperature 1.0, reward 1 for a correct final answer.
+After every stage, on 64 held-out problems: greedy accuracy of the tool episodes, the tool-call
+rate (episodes with a call) and tool errors per episode.
+"""
+
+import ml_collections
+
+from configs import agent_math_tool
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    args = dict(kv.split("=", 1) for kv in (arg or "").split(",") if kv)
+    unknown = sorted(set(args) - {"seed"})
+    if unknown:
+        raise ValueError(f"unknown argument {unknown[0]!r}; known: seed=N")
+    c = agent_math_tool.get_config()
+    c.train.seed = int(args.get("seed", 0))
+    c.train.eval_every = 0  # the pipeline evaluates after every stage
+    c.train.log_every = 5
+    c.train.checkpoint_every = 10
+    c.train.use_tensorboard = False
+    c.sft.eval = False
+    c.pipeline = ml_collections.ConfigDict(
+        {
+            "stages": [
+                {
+                    "name": "sft_cold",
+                    "overrides": {
+                        "train.stage": "sft",
+                        "train.steps": 2,
+                        "optim.learning_rate": 3e-5,
+                    },
+                },
+                {
+                    "name": "rl",
+                    "overrides": {
+                        "train.stage": "rl",
+                        "train.steps": 20,
+                        "optim.learning_rate": 1e-5,
+                    },
+                },
+            ],
+        }
+    )
+    return c
