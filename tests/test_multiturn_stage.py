@@ -67,7 +67,7 @@ def _settings(**reward):
 
 @pytest.mark.slow
 def test_a_multi_turn_step_trains_on_episodes():
-    s = _settings()
+    s = _settings(overlap_tools=True, tool_system="Tools.")
     _, params, model_cfg, s = build.policy_and_settings(s)
     tok = Tokenizer.from_characters(ALPHABET, chat_template=QWEN_STYLE)
     examples = [Example(f"q/{i}", f"{i}+1?", str(i + 1), "test") for i in range(8)]
@@ -79,7 +79,8 @@ def test_a_multi_turn_step_trains_on_episodes():
     plan = sharding_plan.plan_step(state, model_cfg, sharding.make_mesh(s.mesh), 8)
     state = sharding.place(state, plan.state)
     sampler = curriculum_lib.EpochSampler(examples, shuffle=True)
-    with Task(tok, s.reward, system="Tools.") as task:
+    with Task(tok, s.reward) as task:
+        assert task.overlap_tools and task.system == "Tools."
         task.stop_sequences = tuple((i,) for i in tok.encode(STOPS))
         task.response_format = ToolResponseFormat("[", "]")  # room for turns in 16 tokens
         step, _ = rl_stage.build_rl_step(s, model_cfg, task, sampler, encoded, plan, tok.pad_id)

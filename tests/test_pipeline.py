@@ -244,6 +244,21 @@ def test_table_by_hand():
     assert table[4] == "| 2_rl | 5 | 0.375 | 0.250 | n/a | -0.500 |"
 
 
+def test_a_multi_turn_tasks_row_has_its_tool_rates():
+    everything = {"mean@1": 0.5, "length/mean": 80.0, "length/truncated": 0.0}
+    episodes = {"tool_call_rate": 0.75, "tool_calls": 1.0, "tool_errors": 0.25, "turns": 2.0}
+    result = {"greedy": {"all": everything, "arithmetic": everything}, "episodes": episodes}
+    assert pipeline_eval.summarize(result, {}) == {
+        "greedy acc.": 0.5,
+        "length": 80.0,
+        "truncated": 0.0,
+        "tool-call rate": 0.75,
+        "tool errors": 0.25,
+    }
+    del result["episodes"]
+    assert "tool-call rate" not in pipeline_eval.summarize(result, {})
+
+
 def test_thinking_blocks_and_think_tokens():
     assert fmt.has_thought("<think>\n47+30=77\n</think>\n\n#### 77")
     assert fmt.has_thought("<think>\n47+3")  # never closed, but something in it

@@ -17,6 +17,11 @@ calls it. The stages:
      temperature 1.0, reward 1 for a correct final answer.
 After every stage, on 64 held-out problems: greedy accuracy of the tool episodes, the tool-call
 rate (episodes with a call) and tool errors per episode.
+
+Expected result (2-core CPU, 2026-12-02, 19 min 42 s; docs/agents.md has the seeds): accuracy
+0.000 at the start (tool-call rate 0), 0.000 after the cold start (tool-call rate 1.000: it
+calls the tool right but imitates the tool's message instead of boxing the number), 1.000 after
+RL.
 """
 
 import ml_collections
@@ -43,7 +48,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                     "name": "sft_cold",
                     "overrides": {
                         "train.stage": "sft",
-                        "train.steps": 2,
+                        "train.steps": 3,
                         "optim.learning_rate": 3e-5,
                     },
                 },
@@ -51,7 +56,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                     "name": "rl",
                     "overrides": {
                         "train.stage": "rl",
-                        "train.steps": 20,
+                        "train.steps": 15,
                         "optim.learning_rate": 1e-5,
                     },
                 },

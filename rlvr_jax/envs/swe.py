@@ -287,6 +287,7 @@ class SweTask(MultiTurnTask):
         self.max_turns = reward.max_turns
         self.turn_tokens = reward.turn_tokens
         self.tool_workers = reward.tool_workers
+        self.overlap_tools = reward.overlap_tools
         self.stop_sequences = (tuple(tok.encode(TOOL_CALL_CLOSE)),)
         self._created: list[SweEnv] = []
         self._lock = threading.Lock()

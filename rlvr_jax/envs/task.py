@@ -90,6 +90,8 @@ class MultiTurnTask(Task):
       stop_sequences: token sequences that end a tool call (the sampler stops the row there).
       turn_tokens: tokens per decode round; 0 for the whole generation length.
       tool_workers: threads that run the environments' steps.
+      overlap_tools: the RL rollout's rounds do not wait for running tools
+        (`rl.multiturn.EpisodeConfig.overlap_tools`).
       response_format: how observations are wrapped (the chat template's tool turn).
     """
 
@@ -97,6 +99,7 @@ class MultiTurnTask(Task):
     stop_sequences: tuple[tuple[int, ...], ...] = ()
     turn_tokens: int = 0
     tool_workers: int = 8
+    overlap_tools: bool = False
     response_format: ToolResponseFormat = ToolResponseFormat()
 
     @abc.abstractmethod

@@ -121,6 +121,7 @@ class MathToolTask(MultiTurnTask):
         self.max_turns = reward.max_turns
         self.turn_tokens = reward.turn_tokens
         self.tool_workers = reward.tool_workers
+        self.overlap_tools = reward.overlap_tools
         self.stop_sequences = (tuple(tok.encode(TOOL_CALL_CLOSE)),)
         self.pool = VerifierPool(
             math_reward.score,

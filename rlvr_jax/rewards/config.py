@@ -36,6 +36,9 @@ class RewardSettings:
       calls are looked at (a round ends earlier when every row has stopped); 0: all of
       `rl.sampler.max_new_tokens`.
     tool_workers: threads that run the tools of a multi-turn rollout.
+    overlap_tools: in the RL rollout, start the next decode round without waiting for running
+      tools (their rows sit it out and rejoin when the tool returns; `rl.multiturn`): tool time
+      overlaps decode, and which round a row rejoins in, so its samples, depend on timing.
     tool_system: the system message of "math_tool" episodes, which describes the `python`
       tool; empty: Qwen2.5's tool description (`envs.tool_math.SYSTEM`, about 200 tokens).
     rm_path: the workdir of a reward-model run (`train.stage="rm"`, docs/reward_models.md):
@@ -68,6 +71,7 @@ class RewardSettings:
     max_turns: int = 4
     turn_tokens: int = 0
     tool_workers: int = 8
+    overlap_tools: bool = False
     tool_system: str = ""
     rm_path: str = ""
     rm_weight: float = 1.0

@@ -401,6 +401,7 @@ def build_episodes(
         max_new_tokens=T,
         max_turns=task.max_turns,
         tool_workers=task.tool_workers,
+        overlap_tools=task.overlap_tools,
         response_format=task.response_format,
     )
 
