@@ -63,6 +63,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if arg == "notool":
         c.reward.verifier = "math"
         c.data.template = "chat:What is {question}? Put the final answer within \\boxed{}."
-        c.data.buckets = (48,)
+        c.data.buckets = (64,)  # the chat template adds its default system message
         c.rl.sampler.max_new_tokens = 64
     return c
