@@ -50,6 +50,7 @@ def test_the_tool_math_configs_build():
     s = settings_from_config(agent_math_tool.get_config(), check_devices=False)
     assert (s.data.level, s.reward.tool_system) == (6, agent_math_tool.SYSTEM)
     notool = settings_from_config(agent_math_tool.get_config("notool"), check_devices=False)
+    assert s.reward.multi_turn and not notool.reward.multi_turn
     assert notool.reward.verifier == "math" and notool.data == dataclasses.replace(
         s.data, template=notool.data.template, buckets=notool.data.buckets
     )

@@ -120,7 +120,8 @@ def run(
             log(note)
     with contextlib.ExitStack() as stack:
         task = enc_eval = None
-        if train_ex is not None:
+        # The task evaluates, and a multi-turn one scripts the demonstrations.
+        if s.sft.eval or (not s.sft.path and s.reward.multi_turn):
             enc_eval = templates.encode_prompts(eval_ex, template, tok, s.data.buckets)
             task = build_task(
                 s.reward, tok, model_cfg.vocab_size, enc_eval.examples, s.data.template

@@ -83,6 +83,11 @@ class RewardSettings:
     judge_weight: float = 1.0
     judge_tokens: int = 8
 
+    @property
+    def multi_turn(self) -> bool:
+        """The verifier's episodes run over several turns with tools (`envs.task.MultiTurnTask`)."""
+        return self.verifier in ("math_tool", "swe")
+
     def __post_init__(self):
         if self.verifier != "arithmetic" and self.format == "number":
             object.__setattr__(self, "format", "none")
