@@ -16,7 +16,7 @@ from rlvr_jax.envs.swe import SweTask
 from rlvr_jax.envs.tool_math import MathToolTask
 from rlvr_jax.program import build, pipeline, sft_stage
 from rlvr_jax.program.settings import settings_from_config
-from tests.envs.test_demonstrations import QWEN_STYLE
+from tests.envs.fixtures import QWEN_STYLE
 
 
 @pytest.mark.parametrize(

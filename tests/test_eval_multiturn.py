@@ -16,12 +16,8 @@ from rlvr_jax.envs.environment import StepResult, ToolResponseFormat
 from rlvr_jax.envs.tool_math import MathToolEnv, MathToolTask
 from rlvr_jax.program import build, evaluation
 from rlvr_jax.program import settings as settings_lib
+from tests.envs.fixtures import QWEN_STYLE
 
-QWEN_STYLE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 ALPHABET = string.printable
 STOPS = "!abcdefgh"  # common enough that a random model's rows stop on them
 

@@ -23,12 +23,8 @@ from rlvr_jax.program import build, rl_stage
 from rlvr_jax.program import settings as settings_lib
 from rlvr_jax.rl import sharding_plan
 from rlvr_jax.rl import state as state_lib
+from tests.envs.fixtures import QWEN_STYLE
 
-QWEN_STYLE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 ALPHABET = string.printable
 STOPS = "!abcdefgh"  # common enough that a random model's rows stop on them
 

@@ -18,13 +18,8 @@ from rlvr_jax.envs.task import MultiTurnTask
 from rlvr_jax.rewards.config import RewardSettings
 from rlvr_jax.sft import data as sft_data
 from rlvr_jax.sft import step as sft_step
+from tests.envs.fixtures import QWEN_STYLE
 from tests.rl.test_multiturn import EXAMPLE, FMT, AddEnv, _run
-
-QWEN_STYLE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +79,7 @@ class _ScriptedTask(MultiTurnTask):
         return AddEnv(), _add_policy("8" if example.id == "t/1" else None)
 
     def score(self, rollout, examples_N):
-        raise NotImplementedError
+        raise AssertionError("a demonstration is scored by its environment, not by the task")
 
 
 def test_wrong_unscripted_and_long_episodes_are_counted_and_dropped(tok):

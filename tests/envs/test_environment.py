@@ -16,6 +16,7 @@ from rlvr_jax.envs.environment import ToolCall, ToolCallError, parse_tool_call
 from rlvr_jax.rewards import sandbox
 from rlvr_jax.rewards.config import RewardSettings
 from rlvr_jax.types import Rollout
+from tests.envs.fixtures import QWEN_STYLE
 
 GOOD = '{"name": "python", "arguments": {"code": "print(1)"}}'
 
@@ -61,13 +62,6 @@ def test_parses_the_last_tool_call(text, want):
 def test_malformed_calls_raise_tool_call_errors(text, message):
     with pytest.raises(ToolCallError, match=message):
         parse_tool_call(text)
-
-
-QWEN_STYLE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 
 
 @pytest.fixture(scope="module")

@@ -26,12 +26,8 @@ from rlvr_jax.rewards import sandbox
 from rlvr_jax.rewards.config import RewardSettings
 from rlvr_jax.rl import multiturn as mt
 from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, Rollout
+from tests.envs.fixtures import QWEN_STYLE
 
-QWEN_STYLE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 EXAMPLE = swe_repos.swe_example(0, 3)  # calc: count_vowels misses upper-case vowels
 PKG = EXAMPLE.hidden["allowed"][0].split("/")[0]
 ((FIX_PATH, FIXED),) = EXAMPLE.hidden["fix"].items()
