@@ -19,11 +19,16 @@ with the weight cache off, cold (an empty cache directory, which the load fills)
 
   python benchmarks/startup.py --configs= --load_repeats=5   # the loading table only
 
+A second table splits the warm launches' time to the first step into the record's phases: the
+set-up (imports, loading, building the stage), the evaluation before training, the wait for the
+programs compiled ahead, and the first step itself.
+
 `--ahead` compares, cold, compiling the step ahead of the loop on a thread during the evaluation
 before training (`train.compile_ahead=True`, the default) with compiling it at its first call
-(False), alternating launches:
+(False), alternating launches. "tiny_host" is the tiny config with a host verifier (math), whose
+step is two programs, the rollout and the update, compiled ahead on two threads:
 
-  python benchmarks/startup.py --configs=tiny --load_repeats=0 --ahead
+  python benchmarks/startup.py --configs=tiny,tiny_host --load_repeats=0 --ahead
 """
 
 from __future__ import annotations
@@ -38,7 +43,15 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = {"tiny": "configs/tiny.py", "demo": "configs/demo.py"}
+# name -> (config, flags): the fused step (tiny, demo) and the host path (rollout, host verifier,
+# update: two programs).
+CONFIGS = {
+    "tiny": ("configs/tiny.py",),
+    "tiny_host": ("configs/tiny.py", "--config.reward.verifier=math"),
+    "demo": ("configs/demo.py",),
+}
+# The startup record's phases (`program/run.py`); the set-up is what they leave.
+PHASES = ("eval_before", "compile_wait", "first_step")
 LOAD_KINDS = ("off", "cold", "warm")
 # Run in a fresh interpreter: prints the seconds of each phase as one JSON line.
 _LOAD_SCRIPT = """
@@ -100,10 +113,12 @@ def load_table(repeats: int) -> None:
     print()
 
 
-def launch(config: str, workdir: Path, cache: Path, weights: Path, *extra: str) -> dict:
-    """One launch (`extra`: more flags); its startup record."""
+def launch(name: str, workdir: Path, cache: Path, weights: Path, *extra: str) -> dict:
+    """One launch of `CONFIGS[name]` (`extra`: more flags); its startup record, with the set-up
+    ("startup/setup_seconds") that its phases leave."""
+    config, *flags = CONFIGS[name]
     cmd = [
-        sys.executable, "-m", "rlvr_jax.main", f"--config={config}", f"--workdir={workdir}",
+        sys.executable, "-m", "rlvr_jax.main", f"--config={config}", *flags, f"--workdir={workdir}",
         f"--compile_cache={cache}", "--config.train.steps=1",
         "--config.train.use_tensorboard=False", *extra,
     ]  # fmt: skip
@@ -111,7 +126,11 @@ def launch(config: str, workdir: Path, cache: Path, weights: Path, *extra: str) 
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
     records = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-    return next(r for r in records if r["record"] == "startup")
+    r = next(r for r in records if r["record"] == "startup")
+    r["startup/setup_seconds"] = r["startup/seconds"] - sum(
+        r[f"startup/{p}_seconds"] for p in PHASES
+    )
+    return r
 
 
 def ahead_table(configs: str, repeats: int) -> None:
@@ -123,7 +142,7 @@ def ahead_table(configs: str, repeats: int) -> None:
             for ahead in (True, False):
                 with tempfile.TemporaryDirectory() as tmp:
                     flag = f"--config.train.compile_ahead={ahead}"
-                    r = launch(CONFIGS[name], Path(tmp) / "run", Path(tmp) / "c", Path(tmp), flag)
+                    r = launch(name, Path(tmp) / "run", Path(tmp) / "c", Path(tmp), flag)
                 runs[ahead].append(r["startup/seconds"])
                 print(f"{name} ahead={ahead} {i}: first step after {runs[ahead][-1]:.1f} s")
         rows.append((name, *(statistics.median(runs[a]) for a in (True, False))))
@@ -153,7 +172,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 cache = Path(tmp) / "cache"
                 for kind in ("cold", "warm"):
-                    r = launch(CONFIGS[name], Path(tmp) / f"{kind}{i}", cache, Path(tmp) / "w")
+                    r = launch(name, Path(tmp) / f"{kind}{i}", cache, Path(tmp) / "w")
                     runs[kind].append(r)
                     print(
                         f"{name} {kind} {i}: first step after {r['startup/seconds']:.1f} s, "
@@ -170,6 +189,8 @@ def main() -> None:
                     "startup/compile_seconds",
                     "startup/programs_compiled",
                     "startup/programs_from_cache",
+                    "startup/setup_seconds",
+                    *(f"startup/{p}_seconds" for p in PHASES),
                 )
             }  # fmt: skip
             for kind, rs in runs.items()
@@ -191,6 +212,13 @@ def main() -> None:
             f"{warm['startup/programs_from_cache']:.0f} | "
             f"{cold['startup/seconds'] / warm['startup/seconds']:.2f}x |"
         )
+    print("\nwhere the warm launches' time to the first step goes (medians, s)\n")
+    print("| config | first step after | set-up | eval before | compile wait | first step |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, med in rows:
+        warm = med["warm"]
+        cells = " | ".join(f"{warm[f'startup/{p}_seconds']:.1f}" for p in ("setup", *PHASES))
+        print(f"| {name} | {warm['startup/seconds']:.1f} | {cells} |")
 
 
 if __name__ == "__main__":

@@ -44,11 +44,9 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput") and _CACHE_ENV not in os.environ:
         config._rlvr_jax_cache = tempfile.mkdtemp(prefix="rlvr_jax_test_compile_cache_")
         os.environ[_CACHE_ENV] = config._rlvr_jax_cache
+    # Every program, as for the commands (`compilation.MIN_COMPILE_SECONDS`): the suite compiles
+    # many small ones again and again (initialisations, samplers of the same shapes).
     compilation.enable_cache(os.environ[_CACHE_ENV])
-    # Every program, not only those over a second: the suite compiles many small ones again and
-    # again (initialisations, samplers of the same shapes). One run each on tests/model and
-    # tests/sampling: 4 min 56 s against 5 min 29 s; on the whole suite no measurable change.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def pytest_unconfigure(config):

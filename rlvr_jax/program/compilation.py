@@ -3,8 +3,9 @@
 `enable_cache(directory)` points JAX's persistent cache at a directory (the commands' default is
 `default_cache_dir()`, under the user's cache directory), so a second launch of an unchanged
 config loads its big programs (the rollout, the update, the fused step, evaluation) instead of
-compiling them again. Programs that compile in less than `MIN_COMPILE_SECONDS` are not stored:
-reading them back would cost about as much.
+compiling them again. Every program is stored, the small ones too (`MIN_COMPILE_SECONDS` is 0):
+the random initialisation and the eager operations of a launch are dozens of programs of a tenth
+of a second each, and reading them back is faster (benchmarks/README.md: a warm tiny launch).
 
 `CompileLog` listens to JAX's monitoring events and keeps, per compiled program, its name, the
 seconds spent and whether the persistent cache served it; the run skeleton writes its totals and
@@ -35,7 +36,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from rlvr_jax.model import weight_cache
 
-MIN_COMPILE_SECONDS = 1.0
+MIN_COMPILE_SECONDS = 0.0
 CACHE_FLAG_HELP = (
     "Directory of JAX's persistent compilation cache (default: ~/.cache/rlvr_jax/jax, or under "
     "$XDG_CACHE_HOME); a second launch reads its programs back instead of compiling them. "

@@ -9,12 +9,13 @@ next step). Only process 0 writes; other processes get a writer whose methods do
 `workdir/metrics.jsonl` holds one JSON object per record: "step", the record's kind ("record":
 `STEP` for a training step's row, which may carry a periodic evaluation too; `EVAL` for the
 evaluation before training, at step 0; `FINAL` for the evaluation after training, at the last
-step; `STARTUP` for what the process spent before its first step, at that step: compilations and
-reads from the compile cache), wall-clock "time", then the metrics. Every record is kept, so a
-training row and the final evaluation of the same step are two lines. Non-finite values are
-written as null (strict JSON) and counted. When a run resumes from a checkpoint, step rows past
-the restored step and the previous attempt's final evaluation are dropped, so the file describes
-one history.
+step; `STARTUP` for what the process spent before its first step, at that step: compilations,
+reads from the compile cache, and the seconds of the evaluation before training, of waiting for
+the programs compiled ahead and of the first step itself), wall-clock "time", then the metrics.
+Every record is kept, so a training row and the final evaluation of the same step are two lines.
+Non-finite values are written as null (strict JSON) and counted. When a run resumes from a
+checkpoint, step rows past the restored step and the previous attempt's final evaluation are
+dropped, so the file describes one history.
 
 Every file is written in the caller's thread, one append per step, so a full disk or a read-only
 directory stops the run at that step with one `MetricsWriteError` naming the path and the error,

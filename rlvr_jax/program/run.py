@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -180,10 +181,16 @@ def non_finite(metrics: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def _startup(log: Callable[[str], None]) -> dict[str, float]:
-    """The process's start-up so far (`compilation.COMPILES`), logged in one line."""
-    log(f"first step after {compilation.COMPILES.summary()}")
-    return compilation.COMPILES.metrics()
+def _startup(log: Callable[[str], None], phases: dict[str, float]) -> dict[str, float]:
+    """The process's start-up so far (`compilation.COMPILES`) and the seconds of its `phases`
+    ("startup/<phase>_seconds"), logged in one line. What the phases leave of
+    "startup/seconds" is the set-up before the stage: imports, loading, building its programs."""
+    m = compilation.COMPILES.metrics()
+    m.update({f"startup/{k}_seconds": v for k, v in phases.items()})
+    setup = m["startup/seconds"] - sum(phases.values())
+    parts = ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in phases.items())
+    log(f"first step after {compilation.COMPILES.summary()}; set-up {setup:.1f} s, {parts}")
+    return m
 
 
 def run_stage(
@@ -231,21 +238,29 @@ def run_stage(
         if host is not None:
             data_state = stage.sampler.load_state_dict(curriculum_lib.state_from_json(host["data"]))
             eval_before = host.get("eval_before")
+        # Where this process's time to its first step goes, besides setting up.
+        phases = {"eval_before": 0.0}
+        start = time.perf_counter()
         if evaluate is not None and eval_before is None:
             eval_before = evaluate(state.params)
             writer.write(0, eval_before, record="eval")
+            phases["eval_before"] = time.perf_counter() - start
         if eval_before is not None:
             log(f"held-out accuracy before {stage.name}: {eval_before['eval/accuracy']:.3f}")
 
+        start = time.perf_counter()
         compiled()
+        phases["compile_wait"] = time.perf_counter() - start
         guard.install()
         step, history = start_step, []
         saved_settings = plain_settings(settings)
         while step < stage.steps:
+            start = time.perf_counter()
             state, data_state, metrics = stage.step(state, data_state)
             step += 1
             if step == start_step + 1:  # this process's first step: what starting it cost
-                writer.write(step, _startup(log), record=metrics_lib.STARTUP)
+                phases["first_step"] = time.perf_counter() - start
+                writer.write(step, _startup(log, phases), record=metrics_lib.STARTUP)
             history.append(metrics)
             bad = non_finite(metrics)
             if bad:
