@@ -237,6 +237,9 @@ class CodeTestsTask(Task):
                 self.counts.sandbox_errors += 1
         return float(outcome == "passed"), fraction
 
+    def part_names(self) -> tuple[str, ...]:
+        return ("correct", "tests_passed")
+
     def score(self, rollout: Rollout, examples_N: Sequence[Example]) -> dict[str, np.ndarray]:
         start = time.perf_counter()
         texts = response_texts(self.tok, rollout)

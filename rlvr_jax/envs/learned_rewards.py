@@ -60,6 +60,10 @@ class _WrappedTask(Task):
         """The added part, (N,) f32 on the host."""
         raise NotImplementedError
 
+    def part_names(self) -> tuple[str, ...] | None:
+        inner = self.inner.part_names()
+        return None if inner is None else (*inner, self.part)
+
     def score(self, rollout: Rollout, examples_N: Sequence[Example]) -> dict[str, np.ndarray]:
         parts = dict(self.inner.score(rollout, examples_N))
         parts[self.part] = np.asarray(self.part_scores(rollout, examples_N), np.float32)

@@ -68,6 +68,9 @@ class ArithmeticTask(Task):
     def targets(self, examples_N: Sequence[Example]) -> arithmetic.Answers:
         return arithmetic.encode_answers([int(ex.answer) for ex in examples_N], self.width)
 
+    def part_names(self) -> tuple[str, ...]:
+        return ("correct", "format")
+
     def score(self, rollout: Rollout, examples_N: Sequence[Example]) -> dict[str, np.ndarray]:
         parts = _arithmetic_parts_jit(self.table, rollout, self.targets(examples_N))
         return {k: np.asarray(v) for k, v in jax.device_get(parts).items()}
@@ -125,6 +128,13 @@ class PoolTask(Task):
         else:
             return None
         return np.asarray(scores, np.float32)
+
+    def has_format(self) -> bool:
+        """Whether `score` returns a "format" part (`format_part`)."""
+        return self.reward.format in ("r1", "mode")
+
+    def part_names(self) -> tuple[str, ...]:
+        return ("correct", "format") if self.has_format() else ("correct",)
 
     def score(self, rollout: Rollout, examples_N: Sequence[Example]) -> dict[str, np.ndarray]:
         texts = self.texts(rollout)
@@ -189,6 +199,9 @@ class ReasoningGymTask(PoolTask):
                 "one (use data.name='reasoning_gym:<task>')"
             )
         return cls(tok, reward, think_in_prompt)
+
+    def part_names(self) -> tuple[str, ...]:
+        return ("correct", "rg_score", "format") if self.has_format() else ("correct", "rg_score")
 
     def score(self, rollout: Rollout, examples_N: Sequence[Example]) -> dict[str, np.ndarray]:
         texts = self.texts(rollout)

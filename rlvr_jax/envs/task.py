@@ -5,7 +5,9 @@ where the task has them). Every task answers on the host (`Task.score`), so the 
 difficulty filter and dynamic sampling have one path; a task whose verifier is a JAX function of
 the tokens also offers it (`Task.jax_parts`), and then the RL step fuses rollout, reward and update
 into one XLA program. Shaping (format weight, Kimi's length reward, DAPO's overlong penalty) is
-the same for every task: `shape_rewards` over the parts, jittable.
+the same for every task: `shape_rewards` over the parts, jittable. A host task that names its
+parts before scoring (`Task.part_names`) lets the RL stage compile its update ahead of the first
+step (`host_part_shapes`).
 
 Multi-turn environments fit the same interface (`MultiTurnTask`): their rollout alternates
 sampled tokens with observation tokens (marked injected, so the loss leaves them out), made by
@@ -64,6 +66,12 @@ class Task(abc.ABC):
         A check that fails (a verifier timeout, a malformed answer) scores 0 and is counted in
         `stats()`, never raised.
         """
+
+    def part_names(self) -> tuple[str, ...] | None:
+        """The names `score` returns, in its order, when they are known before any scoring (the
+        host path then compiles its update ahead of the first step, `host_part_shapes`); None
+        when they are not."""
+        return None
 
     def stats(self) -> dict[str, float]:
         """Counters of the host verifier (checks, timeouts, crashes) for the metrics ledger."""
@@ -167,6 +175,23 @@ def host_rewards(
         {k: jnp.asarray(v) for k, v in parts.items()}, jnp.asarray(lengths_N), reward, G, T
     )
     return np.asarray(rewards), {k: np.asarray(v) for k, v in parts.items()}
+
+
+def host_part_shapes(
+    task: Task, reward: RewardSettings, G: int, N: int, T: int
+) -> tuple[jax.ShapeDtypeStruct, dict[str, jax.ShapeDtypeStruct]] | None:
+    """The shapes of `host_rewards(...)` for N rows of T tokens, when `task.part_names()` knows
+    them before scoring: `(rewards_N, parts)` as `jax.ShapeDtypeStruct`s; else None."""
+    names = task.part_names()
+    if names is None:
+        return None
+    part = jax.ShapeDtypeStruct((N,), jnp.float32)
+    lengths = jax.ShapeDtypeStruct((N,), jnp.int32)
+    return jax.eval_shape(
+        lambda parts, lengths_N: shape_rewards(parts, lengths_N, reward, G, T),
+        dict.fromkeys(names, part),
+        lengths,
+    )
 
 
 def jax_reward_fn(

@@ -18,6 +18,7 @@ on the task, not on the loop:
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +35,13 @@ from rlvr_jax.data import curriculum as curriculum_lib
 from rlvr_jax.data import templates
 from rlvr_jax.data.example import Example
 from rlvr_jax.envs.single_turn import build_task
-from rlvr_jax.envs.task import MultiTurnTask, Task, host_rewards, jax_reward_fn
+from rlvr_jax.envs.task import (
+    MultiTurnTask,
+    Task,
+    host_part_shapes,
+    host_rewards,
+    jax_reward_fn,
+)
 from rlvr_jax.model import sharding
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.program import build, learned_rewards
@@ -108,12 +115,13 @@ def build_rollout_source(
     task: Task,
     plan: sharding_plan.StepShardings,
     pad_id: int,
+    program: Callable | None = None,
 ) -> Callable[[Any, Sequence[Example], ts.Batch, jax.Array], tuple[Any, dict[str, Any]]]:
     """The host path's rollout, `(params, examples, batch, key) -> (rollout, metrics)`: the
-    sampler's jitted program, or for a multi-turn task its episodes (`rl.multiturn`), whose
-    metrics (turns, tool calls, tool time) come with it."""
+    sampler's jitted program (`program`, or `ts.build_rollout`'s), or for a multi-turn task its
+    episodes (`rl.multiturn`), whose metrics (turns, tool calls, tool time) come with it."""
     if not isinstance(task, MultiTurnTask):
-        rollout_fn = ts.build_rollout(model_cfg, s.rl, plan)
+        rollout_fn = program or ts.build_rollout(model_cfg, s.rl, plan)
         return lambda params, chosen, batch, key: (
             jax.block_until_ready(rollout_fn(params, batch, key)),
             {},
@@ -137,8 +145,10 @@ def build_rl_step(
     Callable[[TrainState], None] | None,
 ]:
     """One RL step `(state, sampler_state) -> (state, sampler_state, host metrics)`, with its
-    programs jitted here, once; and for a fused step, a function that compiles it ahead of its
-    first call (`run.Stage.precompile`), else None.
+    programs jitted here, once; and a function that compiles them ahead of their first call
+    (`run.Stage.precompile`: the fused step, or the host path's rollout and update), or None
+    where the step's arguments are known only once it runs (partial rollouts, dynamic sampling,
+    multi-turn episodes, a task whose parts are known only after scoring).
 
     Returns:
       (step, precompile or None).
@@ -151,7 +161,8 @@ def build_rl_step(
         reward_fn = jax_reward_fn(task, s.reward, G)
         step_fn = ts.build_train_step(model_cfg, s.rl, optimizer, schedule, reward_fn, plan)
     else:
-        rollout_fn = build_rollout_source(s, model_cfg, task, plan, pad_id)
+        rollout_program = ts.build_rollout(model_cfg, s.rl, plan)
+        rollout_fn = build_rollout_source(s, model_cfg, task, plan, pad_id, rollout_program)
         update_fn = ts.build_update(model_cfg, s.rl, optimizer, schedule, plan)
     episode_metrics = {}
     timer = metrics_lib.StageTimer()
@@ -241,11 +252,36 @@ def build_rl_step(
 
     precompile = None
     if fused:
-        precompile = _precompile(step_fn, s, task, encoded, plan, pad_id)
+        precompile = _precompile_fused(step_fn, s, task, encoded, plan, pad_id)
+    elif (
+        not s.rl.partial_budget
+        and not s.data.dynamic_sampling  # its update takes rows gathered on the host
+        and not isinstance(task, MultiTurnTask)
+        and task.part_names() is not None
+    ):
+        precompile = _precompile_host(rollout_program, update_fn, s, task, encoded, plan, pad_id)
     return step, precompile
 
 
-def _precompile(
+def _bucket_batches(
+    s: Settings,
+    task: Task,
+    encoded: templates.EncodedPrompts,
+    plan: sharding_plan.StepShardings,
+    pad_id: int,
+) -> list[ts.Batch]:
+    """One placed batch per prompt bucket, of the real ones' shapes and shardings (a one-token
+    prompt padded to the bucket)."""
+    B, G = s.train.batch_prompts, s.rl.group_size
+    chosen = encoded.examples[:B]
+    ids = [encoded.ids[0][:1]] * len(chosen)
+    return [
+        sharding.place(make_batch(ids, chosen, G, (bucket,), pad_id, task), plan.rows)
+        for bucket in sorted(s.data.buckets)
+    ]
+
+
+def _precompile_fused(
     step_fn: Callable,
     s: Settings,
     task: Task,
@@ -253,17 +289,50 @@ def _precompile(
     plan: sharding_plan.StepShardings,
     pad_id: int,
 ) -> Callable[[TrainState], None]:
-    """Compiles the fused step `step_fn` for every prompt bucket, on batches of the real ones'
-    shapes and shardings (a one-token prompt padded to the bucket). jax keeps the executable
-    with the jitted function, so the step's calls then compile nothing."""
-    B, G = s.train.batch_prompts, s.rl.group_size
-    chosen = encoded.examples[:B]
-    ids = [encoded.ids[0][:1]] * len(chosen)
+    """Compiles the fused step `step_fn` for every prompt bucket. jax keeps the executable with
+    the jitted function, so the step's calls then compile nothing."""
 
     def precompile(state: TrainState) -> None:
-        for bucket in sorted(s.data.buckets):
-            batch = make_batch(ids, chosen, G, (bucket,), pad_id, task)
-            step_fn.lower(state, sharding.place(batch, plan.rows)).compile()
+        for batch in _bucket_batches(s, task, encoded, plan, pad_id):
+            step_fn.lower(state, batch).compile()
+
+    return precompile
+
+
+def _precompile_host(
+    rollout_program: Callable,
+    update_fn: Callable,
+    s: Settings,
+    task: Task,
+    encoded: templates.EncodedPrompts,
+    plan: sharding_plan.StepShardings,
+    pad_id: int,
+) -> Callable[[TrainState], None]:
+    """Compiles the host path's rollout and update for every prompt bucket, each program on its
+    own thread: the update on the rollout's shapes (`jax.eval_shape`) and on the rewards and
+    parts the task will return (`host_part_shapes`). The arguments' types and shardings are the
+    step's (the rollout replicated, the rewards and parts host arrays), so that its calls find
+    these executables instead of tracing and compiling again."""
+    G = s.rl.group_size
+    rep = plan.replicated
+    abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep)  # noqa: E731
+
+    def precompile(state: TrainState) -> None:
+        key = ts.split_rollout_key(state)[1]  # the state itself is left as it is
+        jobs = []
+        for batch in _bucket_batches(s, task, encoded, plan, pad_id):
+            rollout = jax.eval_shape(rollout_program, state.params, batch, key)
+            N, T = rollout.tokens_NT.shape
+            rewards, parts = host_part_shapes(task, s.reward, G, N, T)
+            jobs.append(lambda b=batch: rollout_program.lower(state.params, b, key).compile())
+            jobs.append(
+                lambda r=rollout, w=rewards, p=parts: update_fn.lower(
+                    state, jax.tree.map(abstract, r), w, p
+                ).compile()
+            )
+        with concurrent.futures.ThreadPoolExecutor(len(jobs), "compile") as pool:
+            for job in [pool.submit(job) for job in jobs]:
+                job.result()
 
     return precompile
 

@@ -179,7 +179,8 @@ class TrainSettings:
       `program.sft_stage`) or "rm" (a reward model on preference pairs, `program.rm_stage`);
       `program.stages.run` dispatches on it. Every stage counts `steps` in optimizer updates.
     compile_ahead: compile the training step on a thread while the evaluation before training
-      runs (`run.Stage.precompile`; the fused RL step), instead of at its first call.
+      runs (`run.Stage.precompile`: the fused RL step, or the host path's rollout and update
+      each on its own thread), instead of at its first call.
     """
 
     stage: Literal["rl", "sft", "rm"] = "rl"

@@ -104,6 +104,7 @@ def _rollout(tok, texts):
 def _score(task, tok, texts, examples):
     before = task.stats()
     parts = task.score(_rollout(tok, texts), examples)
+    assert tuple(parts) == task.part_names()
     after = task.stats()
     return parts, {k: after[k] - before[k] for k in after}
 

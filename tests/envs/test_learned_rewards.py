@@ -31,6 +31,9 @@ class ZeroTask(Task):
 
     name = "zero"
 
+    def part_names(self):
+        return ("correct",)
+
     def score(self, rollout, examples_N):
         return {"correct": np.zeros(rollout.tokens_NT.shape[0], np.float32)}
 
@@ -104,6 +107,7 @@ def test_the_preference_part_rewards_the_preferred_response_more(trained):
     task = RewardModelTask(ZeroTask(), state.params, CFG, norm="none")
     assert task.jax_parts is None and task.name == "zero"  # the host path, one interface
     rewards, parts = host_rewards(task, rollout, examples, reward, G=4)
+    assert tuple(parts) == task.part_names() == ("correct", "preference")
     pref = parts["preference"]
     assert min(pref[:2]) > max(pref[2:]), pref
     np.testing.assert_allclose(rewards, 2.0 * pref, rtol=1e-6)

@@ -35,6 +35,7 @@ def test_the_task_scores_correct_at_one_and_keeps_partial_credit():
         np.testing.assert_array_equal(parts["correct"], [1, 1, 0, 0])
         assert parts["rg_score"][2] == 0.0 and 0.0 < parts["rg_score"][3] < 1.0
         assert task.stats()["verifier/checks"] == 4.0
+        assert tuple(parts) == task.part_names()
 
 
 def test_the_task_refuses_examples_of_another_source():

@@ -9,7 +9,7 @@ import pytest
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.single_turn import ArithmeticTask, CountdownTask, MathTask, build_task
-from rlvr_jax.envs.task import host_rewards, jax_reward_fn, shape_rewards
+from rlvr_jax.envs.task import host_part_shapes, host_rewards, jax_reward_fn, shape_rewards
 from rlvr_jax.program import settings as settings_lib
 from rlvr_jax.rewards.config import RewardSettings
 from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, Rollout
@@ -54,6 +54,7 @@ def test_arithmetic_task_scores_the_same_on_the_host_and_in_jax(tok):
     rollout = _rollout(tok, ["7+8=15", "x -3", "6", "1 12"])
     host = task.score(rollout, examples)
     np.testing.assert_array_equal(host["correct"], [1, 1, 0, 1])
+    assert tuple(host) == task.part_names()
     in_jax = jax.jit(task.jax_parts)(rollout, task.targets(examples))
     for k, v in host.items():
         np.testing.assert_array_equal(np.asarray(in_jax[k]), v)
@@ -73,6 +74,13 @@ def test_the_fused_reward_equals_the_host_reward(tok):
     host, host_parts = host_rewards(task, rollout, examples, reward, 2)
     np.testing.assert_allclose(np.asarray(fused), host, rtol=1e-6)
     assert set(host_parts) == {"correct", "format", "length", "overlong"} == set(fused_parts)
+    # What the host path compiles its update for ahead of the first step.
+    N, T = rollout.tokens_NT.shape
+    rewards, parts = host_part_shapes(task, reward, 2, N, T)
+    assert (rewards.shape, rewards.dtype) == (host.shape, host.dtype)
+    assert {k: (v.shape, v.dtype) for k, v in parts.items()} == {
+        k: (v.shape, v.dtype) for k, v in host_parts.items()
+    }
 
 
 def test_shaping_weights_only_the_configured_parts():
@@ -114,6 +122,7 @@ def test_countdown_is_selected_by_the_settings_and_wants_an_expression(tok):
         parts = task.score(rollout, _examples([gold] * 5))
         np.testing.assert_array_equal(parts["correct"], [1, 1, 0, 0, 0])
         assert task.stats()["verifier/checks"] == 5
+        assert tuple(parts) == task.part_names() == ("correct",)
 
 
 def test_the_mode_format_scores_each_response_against_its_prompts_mode():
@@ -127,4 +136,4 @@ def test_the_mode_format_scores_each_response_against_its_prompts_mode():
     with build_task(reward, tok, tok.vocab_size, examples, "plain") as task:
         parts = task.score(_rollout(tok, texts), examples)
     np.testing.assert_array_equal(parts["format"], [1, 0, 1, 0])
-    assert set(parts) == {"correct", "format"}
+    assert tuple(parts) == task.part_names() == ("correct", "format")
