@@ -72,6 +72,11 @@ def test_a_bad_setting_fails_naming_the_field(field, value, message):
         settings_lib.settings_from_config(_tiny(**{field: value}))
 
 
+def test_a_periodic_evaluation_needs_the_stages_own():
+    with pytest.raises(ConfigError, match=r"train.eval_every=2 with eval.in_stage=False"):
+        settings_lib.settings_from_config(_tiny(train__eval_every=2, eval__in_stage=False))
+
+
 def test_the_tiny_config_itself_is_accepted():
     settings_lib.settings_from_config(_tiny())
 

@@ -169,6 +169,24 @@ def test_tiny_run_in_process(tmp_path):
     assert len(rows[4]["groups/success_hist"]) == config.rl.group_size + 1
 
 
+def test_a_stage_without_its_own_evaluation_trains_and_records_none(tmp_path):
+    """`eval.in_stage=False` (the pipelines, which evaluate each stage's policy themselves):
+    no held-out evaluation before or after, only the steps."""
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.train.steps = 2
+    config.train.use_tensorboard = False
+    config.eval.in_stage = False
+    lines = []
+    result = rl_stage.run(settings_lib.settings_from_config(config), tmp_path, log=lines.append)
+    assert result["steps"] == 2 and result["eval_before"] is result["eval_after"] is None
+    assert not any("held-out" in line for line in lines)
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["record"] for r in records] == ["startup", "step", "step"]
+    assert records[0]["startup/eval_before_seconds"] == 0.0
+
+
 def test_host_verifier_path_reports_every_stage(tmp_path):
     from configs import tiny
 

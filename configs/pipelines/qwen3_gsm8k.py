@@ -50,6 +50,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sft.eval = False
     c.sft.response_format = "The answer is \\boxed{{answer}}."
     c.train.eval_every = 0  # the pipeline evaluates after every stage
+    c.eval.in_stage = False  # not the RL stages themselves too, before and after
     fusion = {"switch": "enable_thinking"}
     c.pipeline = ml_collections.ConfigDict(
         {

@@ -72,6 +72,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.batch_prompts = 16
     c.train.checkpoint_every = 50
     c.train.eval_every = 0  # the pipeline evaluates after every stage
+    c.eval.in_stage = False  # not the RL stages themselves too, before and after
     c.train.log_every = 20
     c.train.use_tensorboard = False
     c.sft.buckets = (64,)

@@ -47,6 +47,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sft.eval = False
     c.sft.response_format = " </think> <answer>{answer}</answer>"
     c.train.eval_every = 0  # the pipeline evaluates after every stage
+    c.eval.in_stage = False  # not the RL stages themselves too, before and after
     c.rm.path = args.get("prefs", "")
     c.rm.buckets = (512, 768)
     c.rm.batch_size = 16

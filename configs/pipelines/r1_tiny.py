@@ -42,6 +42,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = tiny.get_config(arg)
     c.train.checkpoint_every = 20
     c.train.eval_every = 0  # the pipeline evaluates after every stage
+    c.eval.in_stage = False  # not the RL stages themselves too, before and after
     c.train.log_every = 10
     c.train.use_tensorboard = False
     c.sft.buckets = (8,)  # "9+9=18" and the end token

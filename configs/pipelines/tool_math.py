@@ -37,6 +37,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = agent_math_tool.get_config()
     c.train.seed = int(args.get("seed", 0))
     c.train.eval_every = 0  # the pipeline evaluates after every stage
+    c.eval.in_stage = False  # not the RL stages themselves too, before and after
     c.train.log_every = 5
     c.train.checkpoint_every = 10
     c.train.use_tensorboard = False

@@ -446,7 +446,12 @@ def run_ablation(
     workdir.mkdir(parents=True, exist_ok=True)
     ablation, base = split_config(config)
     for name in ablation.variants:  # fail on a bad override before anything trains
-        variant_config(base, name, ablation.seeds[0], ablation)
+        variant = variant_config(base, name, ablation.seeds[0], ablation)
+        if not settings_lib.settings_from_config(variant, check_devices=False).eval.in_stage:
+            raise ConfigError(
+                f"ablation variant {name!r}: eval.in_stage=False, but the ablation compares each "
+                "run's own held-out accuracy before and after training; leave it on"
+            )
     warm = warm_start(base, ablation, workdir / "warm_start", log)
     if warm is not None:
         base.model.source = warm["source"]

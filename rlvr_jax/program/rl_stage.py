@@ -531,7 +531,9 @@ def run(
             if not s.rl.partial_budget
             else PartialSampler(sampler, s.rl.sampler.max_new_tokens, tok.pad_id),
             step=step,
-            evaluate=heldout_evaluator(model_cfg, s, task, tok, enc_eval.ids, enc_eval.examples),
+            evaluate=heldout_evaluator(model_cfg, s, task, tok, enc_eval.ids, enc_eval.examples)
+            if s.eval.in_stage
+            else None,
             ref_source=build.base_source(s.model),
             precompile=precompile,
         )

@@ -215,9 +215,14 @@ class TrainSettings:
 class EvalSettings:
     """Attributes:
     batch_prompts: prompts per evaluation call (the last batch is padded, shapes stay fixed).
+    in_stage: the RL stage's own held-out evaluation, before and after training (and every
+      `train.eval_every` steps). A pipeline evaluates every stage's exported policy itself
+      (`program.pipeline`), so its configs turn this off rather than evaluate the same weights
+      twice.
     """
 
     batch_prompts: int = 32
+    in_stage: bool = True
 
     def __post_init__(self):
         if self.batch_prompts < 1:
@@ -396,6 +401,11 @@ def settings_from_config(config: Any, check_devices: bool = True) -> Settings:
             f"rl.partial_budget={s.rl.partial_budget} with data.dynamic_sampling=True: both run "
             "rounds of rollouts per step; choose one"
         )
+    if s.train.eval_every and not s.eval.in_stage:
+        raise ConfigError(
+            f"train.eval_every={s.train.eval_every} with eval.in_stage=False: the periodic "
+            "evaluation is the stage's own; set train.eval_every=0 or eval.in_stage=True"
+        )
     if s.reward.format == "mode" and not s.data.modes:
         raise ConfigError(
             "reward.format='mode' with data.modes='': the format rewards following the mode each "
@@ -475,6 +485,7 @@ RESUME_FREE = frozenset(
         "train.use_tensorboard",
         "train.compile_ahead",
         "eval.batch_prompts",
+        "eval.in_stage",
         "reward.workers",
         "reward.deadline_s",
         "model.remat",
