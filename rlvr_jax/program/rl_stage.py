@@ -318,7 +318,10 @@ def _precompile_host(
     abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep)  # noqa: E731
 
     def precompile(state: TrainState) -> None:
-        key = ts.split_rollout_key(state)[1]  # the state itself is left as it is
+        # Abstract, so that nothing runs on the devices beside the evaluation; the key keeps the
+        # state's sharding, as the step's split gives it.
+        key = jax.eval_shape(lambda st: ts.split_rollout_key(st)[1], state)
+        key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=state.rng.sharding)
         jobs = []
         for batch in _bucket_batches(s, task, encoded, plan, pad_id):
             rollout = jax.eval_shape(rollout_program, state.params, batch, key)
