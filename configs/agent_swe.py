@@ -12,9 +12,9 @@ tool calls, up to `reward.max_turns` turns and `rl.sampler.max_new_tokens` token
 included); the patch is scored by the hidden tests and their replay (docs/agents.md). The
 prompt (system message with the five tools, then the bug report) is 650 to 690 tokens.
 
-Not measured: no run of this config has finished on the shared 2-core CPU; a 135M model is not
-expected to fix bugs (correct near 0). The `swe/flag_*` counters in the metrics say what its
-episodes tried.
+Not measured: no run of this config has finished on the shared 2-core CPU (docs/agents.md says
+how far one step got); a 135M model is not expected to fix bugs (correct near 0). The
+`swe/flag_*` counters in the metrics say what its episodes tried.
 """
 
 import ml_collections
