@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -250,17 +251,22 @@ def build_rl_step(
             return state, dataclasses.replace(data_state, inner=sampler_state), metrics
         return state, sampler_state, metrics
 
-    precompile = None
+    batches = functools.partial(_bucket_batches, s, task, encoded, plan, pad_id)
     if fused:
-        precompile = _precompile_fused(step_fn, s, task, encoded, plan, pad_id)
-    elif (
+        return step, _precompile_fused(step_fn, batches)
+    if not _host_ahead(s, task):
+        return step, None
+    return step, _precompile_host(rollout_program, update_fn, batches, s, task, plan)
+
+
+def _host_ahead(s: Settings, task: Task) -> bool:
+    """Whether the host path's arguments are known before its first step."""
+    return (
         not s.rl.partial_budget
         and not s.data.dynamic_sampling  # its update takes rows gathered on the host
         and not isinstance(task, MultiTurnTask)
         and task.part_names() is not None
-    ):
-        precompile = _precompile_host(rollout_program, update_fn, s, task, encoded, plan, pad_id)
-    return step, precompile
+    )
 
 
 def _bucket_batches(
@@ -281,19 +287,39 @@ def _bucket_batches(
     ]
 
 
-def _precompile_fused(
-    step_fn: Callable,
-    s: Settings,
+def _update_args(
+    rollout_program: Callable,
+    params: Any,
+    batch: ts.Batch,
+    key: Any,
     task: Task,
-    encoded: templates.EncodedPrompts,
+    s: Settings,
     plan: sharding_plan.StepShardings,
-    pad_id: int,
+) -> tuple[Any, jax.ShapeDtypeStruct, dict[str, jax.ShapeDtypeStruct]]:
+    """The host path update's arguments after `rollout_program` on `batch`, abstract and as the
+    step passes them: the rollout replicated (the rollout program's output), the rewards and
+    parts host arrays (`host_part_shapes`; a lone "correct" part where the task names none)."""
+    rep = plan.replicated
+    rollout = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep),
+        jax.eval_shape(rollout_program, params, batch, key),
+    )
+    N, T = rollout.tokens_NT.shape
+    shapes = host_part_shapes(task, s.reward, s.rl.group_size, N, T)
+    if shapes is None:
+        row = jax.ShapeDtypeStruct((N,), jnp.float32)
+        shapes = (row, {"correct": row})
+    return (rollout, *shapes)
+
+
+def _precompile_fused(
+    step_fn: Callable, batches: Callable[[], list[ts.Batch]]
 ) -> Callable[[TrainState], None]:
-    """Compiles the fused step `step_fn` for every prompt bucket. jax keeps the executable with
-    the jitted function, so the step's calls then compile nothing."""
+    """Compiles the fused step `step_fn` for every prompt bucket (`batches()`). jax keeps the
+    executable with the jitted function, so the step's calls then compile nothing."""
 
     def precompile(state: TrainState) -> None:
-        for batch in _bucket_batches(s, task, encoded, plan, pad_id):
+        for batch in batches():
             step_fn.lower(state, batch).compile()
 
     return precompile
@@ -302,20 +328,15 @@ def _precompile_fused(
 def _precompile_host(
     rollout_program: Callable,
     update_fn: Callable,
+    batches: Callable[[], list[ts.Batch]],
     s: Settings,
     task: Task,
-    encoded: templates.EncodedPrompts,
     plan: sharding_plan.StepShardings,
-    pad_id: int,
 ) -> Callable[[TrainState], None]:
-    """Compiles the host path's rollout and update for every prompt bucket, each program on its
-    own thread: the update on the rollout's shapes (`jax.eval_shape`) and on the rewards and
-    parts the task will return (`host_part_shapes`). The arguments' types and shardings are the
-    step's (the rollout replicated, the rewards and parts host arrays), so that its calls find
-    these executables instead of tracing and compiling again."""
-    G = s.rl.group_size
-    rep = plan.replicated
-    abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep)  # noqa: E731
+    """Compiles the host path's rollout and update for every prompt bucket (`batches()`), each
+    program on its own thread, the update on `_update_args`: the arguments' types and
+    shardings are the step's, so that its calls find these executables instead of tracing and
+    compiling again."""
 
     def precompile(state: TrainState) -> None:
         # Abstract, so that nothing runs on the devices beside the evaluation; the key keeps the
@@ -323,16 +344,10 @@ def _precompile_host(
         key = jax.eval_shape(lambda st: ts.split_rollout_key(st)[1], state)
         key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=state.rng.sharding)
         jobs = []
-        for batch in _bucket_batches(s, task, encoded, plan, pad_id):
-            rollout = jax.eval_shape(rollout_program, state.params, batch, key)
-            N, T = rollout.tokens_NT.shape
-            rewards, parts = host_part_shapes(task, s.reward, G, N, T)
+        for batch in batches():
+            args = _update_args(rollout_program, state.params, batch, key, task, s, plan)
             jobs.append(lambda b=batch: rollout_program.lower(state.params, b, key).compile())
-            jobs.append(
-                lambda r=rollout, w=rewards, p=parts: update_fn.lower(
-                    state, jax.tree.map(abstract, r), w, p
-                ).compile()
-            )
+            jobs.append(lambda a=args: update_fn.lower(state, *a).compile())
         with concurrent.futures.ThreadPoolExecutor(len(jobs), "compile") as pool:
             for job in [pool.submit(job) for job in jobs]:
                 job.result()
@@ -444,14 +459,10 @@ def resolve_microbatches(
             reward_fn = jax_reward_fn(task, s.reward, rl.group_size)
             step = ts.build_train_step(model_cfg, rl, optimizer, schedule, reward_fn, plan)
             return memory_lib.program_memory(step.lower(state, batch).compile())
-        key = jax.random.key(0)
-        rollout = jax.eval_shape(ts.build_rollout(model_cfg, rl, plan), state.params, batch, key)
-        rep = plan.replicated
-        abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep)  # noqa: E731
-        rows = jax.ShapeDtypeStruct(batch.prompt_lengths_N.shape, jnp.float32, sharding=rep)
+        rollout_program = ts.build_rollout(model_cfg, rl, plan)
+        args = _update_args(rollout_program, state.params, batch, jax.random.key(0), task, s, plan)
         update = ts.build_update(model_cfg, rl, optimizer, schedule, plan)
-        lowered = update.lower(state, jax.tree.map(abstract, rollout), rows, {"correct": rows})
-        return memory_lib.program_memory(lowered.compile())
+        return memory_lib.program_memory(update.lower(state, *args).compile())
 
     try:
         choice = memory_lib.fewest_microbatches(
