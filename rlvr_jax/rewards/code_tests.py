@@ -202,7 +202,7 @@ def run_tests(
     *,
     limits: SandboxLimits | None = None,
     per_test_seconds: float = 5.0,
-    backend: str = "auto",
+    backend: str = "bwrap",
 ) -> CodeTestsResult:
     """Runs the hidden `tests` against `solution`, each in the tester, calls in the candidate.
 
@@ -213,7 +213,8 @@ def run_tests(
       limits: the candidate's sandbox limits (`SandboxLimits()` when None); its wall time also
         bounds the whole run.
       per_test_seconds: wall time of each test's calls to the candidate.
-      backend: the sandbox backend ("auto", "bwrap", "rlimits").
+      backend: the sandbox backend: "bwrap", or "rlimits" for trusted code and tests only (the
+        candidate can read its user's files on the host, the tests' dataset included).
 
     Returns:
       CodeTestsResult(all_passed, fraction_passed, detail).

@@ -4,12 +4,16 @@ Every test runs for each sandbox backend ("bwrap" skips with the reason where it
 Each cheating candidate's function is wrong (or missing), so it could only score by the cheat.
 """
 
+import secrets
+
 import pytest
 
 from rlvr_jax.rewards import code_tests, sandbox
 from rlvr_jax.rewards.sandbox import SandboxLimits
 
-MARKER = "hidden_marker_5f1c"
+# Random per run: no file on the host holds it (not this file, nor a clone of the repository,
+# wherever it lives), so only a leak of this run's tests could show it to a candidate.
+MARKER = f"hidden_marker_{secrets.token_hex(8)}"
 TESTS = [
     f"# {MARKER}\nassert add(1, 2) == 3",
     "assert add(-1, 1) == 0",
@@ -111,15 +115,20 @@ def add(a, b):
     return Equal()
 """
 
-# Looks for the hidden tests (by a marker only they contain) where this run could have leaked
-# them: its directory, /tmp, /dev/shm, and the command lines, environments and open files of every
-# process it can see; returns the right answers only if it found them. (Under the fallback the
-# candidate could also read this test file in the repository: a documented gap, docs/sandbox.md.)
-READS_THE_TESTS = f"""
+
+def _reads_the_tests(*extra_places: str) -> str:
+    """A candidate that looks for the hidden tests (by the marker only they contain) where this
+    run could have leaked them: its directory, /tmp, /dev/shm, `extra_places`, and the command
+    lines, environments and open files of every process it can see; it answers right only if
+    it found them."""
+    return _READS_THE_TESTS.replace("EXTRA_PLACES", repr(list(extra_places)))
+
+
+_READS_THE_TESTS = f"""
 import os
 def _found():
-    marker = ({MARKER[:8]!r} + {MARKER[8:]!r}).encode()  # Not in this file as one string.
-    places = [os.getcwd(), "/tmp", "/scratch", "/dev/shm"]
+    marker = ({MARKER[:8]!r} + {MARKER[8:]!r}).encode()  # Not in its own source as one string.
+    places = [os.getcwd(), "/tmp", "/scratch", "/dev/shm"] + EXTRA_PLACES
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             places += ["/proc/%s/cmdline" % pid, "/proc/%s/environ" % pid, "/proc/%s/fd" % pid]
@@ -190,7 +199,7 @@ HANGS_AT_IMPORT = "while True:\n    pass\ndef add(a, b):\n    return a + b\n"
 
 @pytest.mark.parametrize(
     "cheat",
-    [FAKE_PASS_LINES, EXIT_AT_IMPORT, PATCHED_BUILTINS, READS_THE_TESTS, WRITES_THE_VERDICT],
+    [FAKE_PASS_LINES, EXIT_AT_IMPORT, PATCHED_BUILTINS, _reads_the_tests(), WRITES_THE_VERDICT],
     ids=["fake_pass_lines", "exit_at_import", "patched_builtins", "reads_tests", "writes_verdict"],
 )
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -198,6 +207,19 @@ def test_cheating_candidates_score_zero(backend, cheat):
     ok, fraction, detail = _score(cheat, backend)
     assert (ok, fraction) == (False, 0.0), detail
     assert detail.passed == (False,) * len(TESTS)
+
+
+# The tests leaked into the candidate's own directory (a file it writes with the marker, which its
+# source holds only in two pieces): what the search finds wherever it can read them.
+LEAKED = f"open('leaked_tests.py', 'w').write({MARKER[:8]!r} + {MARKER[8:]!r})\n"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_reading_cheat_scores_where_the_tests_leaked(backend):
+    # So the reading cheat's 0 above says that the tests did not leak to where it looked, not
+    # that its search could not have found them.
+    ok, fraction, detail = _score(LEAKED + _reads_the_tests(), backend)
+    assert (ok, fraction) == (True, 1.0), detail
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -220,6 +242,7 @@ def test_a_hanging_candidate_costs_one_test_deadline(backend):
         ({"per_test_seconds": 0}, "per_test_seconds=0"),
         ({"solution": b"def add(): pass"}, "solution=b"),
         ({"backend": "docker"}, "backend='docker'"),
+        ({"backend": "auto"}, "backend='auto'"),
     ],
 )
 def test_bad_arguments_raise_value_error_naming_them(kwargs, named):

@@ -1,11 +1,12 @@
 """The sandbox contains what model-written code tries: network, files, processes, memory, time.
 
 Every containment test runs for each backend; "bwrap" skips with the reason where bubblewrap is
-missing. Where the fallback does not protect (files outside the scratch directory), the test pins
-that gap instead of pretending, so the documentation stays true.
+missing. Where the fallback does not protect (host files outside the directories it hides), the
+test pins that gap instead of pretending, so the documentation stays true.
 """
 
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -14,7 +15,7 @@ import uuid
 
 import pytest
 
-from rlvr_jax.rewards import sandbox
+from rlvr_jax.rewards import sandbox, sandbox_fs
 from rlvr_jax.rewards.sandbox import SandboxLimits
 
 SLACK_S = 3.0  # Start-up and kill of the sandbox, on a loaded 2-core machine.
@@ -81,7 +82,7 @@ def visible_dir():
     path = tempfile.mkdtemp(prefix="sandbox_test_")
     os.chmod(path, 0o755)
     yield path
-    sandbox._remove_tree(path)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.parametrize(
@@ -140,8 +141,16 @@ def test_argv_commands_and_failures_become_results(backend):
     assert crashed.returncode == -signal.SIGSEGV
 
 
-def test_auto_picks_the_best_available_backend():
-    assert sandbox.run("0").backend == sandbox.available_backends()[0]
+def test_auto_is_refused_and_bwrap_is_the_default():
+    with pytest.raises(ValueError, match="backend='auto' is not one of \\('bwrap', 'rlimits'\\)"):
+        sandbox.run("0", backend="auto")
+    with pytest.raises(ValueError, match="'bwrap', 'rlimits'"):
+        sandbox.check_backend("auto")
+    if sandbox.bwrap_available():
+        assert sandbox.run("0").backend == "bwrap"
+    else:
+        with pytest.raises(sandbox.SandboxUnavailableError):
+            sandbox.run("0")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -190,17 +199,47 @@ def test_writes_outside_the_scratch_directory(backend, visible_dir):
     assert b"inside ok" in result.stdout, result.stderr
     if "filesystem" in sandbox.protections(backend):
         assert result.stdout.count(b"blocked") == 2
-        assert not any(os.path.exists(t) for t in targets)
+    if {"filesystem", "mount_namespace"} & sandbox.protections(backend):
+        # The fallback's /tmp is a private tmpfs: what it writes there never reaches the host.
+        assert not os.path.exists(targets[0])
     else:
-        # THE FALLBACK DOES NOT PROTECT THIS: a world-writable directory outside the scratch
-        # directory is writable from inside (docs/sandbox.md says so). Pinned, not pretended.
+        # THE FALLBACK WITHOUT A MOUNT NAMESPACE DOES NOT PROTECT THIS: a world-writable
+        # directory outside the scratch directory is writable from inside. Pinned, not pretended.
         assert os.path.exists(targets[0])
     if os.path.exists(targets[1]):
         os.remove(targets[1])
 
 
+def _world_readable_host_file():
+    for path in ("/etc/passwd", "/etc/os-release", "/etc/hostname"):
+        if os.path.isfile(path) and os.stat(path).st_mode & 0o004:
+            return path
+    pytest.skip("no world-readable file in /etc on this host")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_reading_a_hidden_file_of_the_caller(backend, visible_dir):
+def test_reading_a_file_of_the_host(backend):
+    path = _world_readable_host_file()
+    with open(path, "rb") as f:
+        content = f.read()
+    code = (
+        "import sys\n"
+        "try:\n"
+        "    sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())\n"
+        "except OSError as e:\n"
+        "    print('unreadable', e.errno)\n"
+    )
+    result = sandbox.run(["python3", "-I", "-S", "-c", code, path], backend=backend)
+    if "filesystem" in sandbox.protections(backend):
+        assert result.stdout.startswith(b"unreadable")
+    else:
+        # THE FALLBACK DOES NOT PROTECT THIS: the code reads any host file its user can read
+        # outside the directories it covers with a private tmpfs.
+        assert result.stdout == content
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reading_a_hidden_file_of_the_caller_in_the_temporary_directory(backend, visible_dir):
     secret = os.path.join(visible_dir, "secret.txt")
     with open(secret, "w") as f:
         f.write("the hidden answer")
@@ -213,10 +252,10 @@ def test_reading_a_hidden_file_of_the_caller(backend, visible_dir):
         "    print('unreadable', e.errno)\n"
     )
     result = sandbox.run(["python3", "-I", "-S", "-c", code, secret], backend=backend)
-    if "filesystem" in sandbox.protections(backend):
+    if {"filesystem", "mount_namespace"} & sandbox.protections(backend):
         assert b"unreadable" in result.stdout and b"hidden answer" not in result.stdout
     else:
-        # THE FALLBACK DOES NOT PROTECT THIS: the code reads any file its user can read.
+        # THE FALLBACK WITHOUT A MOUNT NAMESPACE DOES NOT PROTECT THIS.
         assert b"the hidden answer" in result.stdout
 
 
@@ -245,12 +284,11 @@ def test_installed_packages_are_hidden(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_scratch_directory_is_deleted_even_when_locked(backend, visible_dir, monkeypatch):
-    monkeypatch.setattr(tempfile, "tempdir", visible_dir)
+def test_scratch_directory_is_deleted_even_when_locked(backend):
     code = "import os; os.makedirs('d/e'); open('d/e/f', 'w').write('x'); os.chmod('d', 0)"
     result = sandbox.run(code, files={"given.txt": "x"}, backend=backend)
     assert result.returncode == 0, result.stderr
-    assert os.listdir(visible_dir) == []
+    assert os.listdir(sandbox_fs.scratch_parent()) == []
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
