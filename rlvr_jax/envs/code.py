@@ -2,10 +2,11 @@
 
 Host code. `CodeTestsTask` (`reward.verifier="code_tests"`) turns each response into a program
 (`extract_solution`), runs the problem's hidden tests against it with `rewards.code_tests`
-(the program in one sandbox, the tests in another; see docs/sandbox.md), and returns the parts
-"correct" (every test passed) and "tests_passed" (the fraction). The rows of a batch are checked
-concurrently by a thread pool of `reward.workers` threads: each check waits on sandbox
-subprocesses, so threads suffice and the trainer process never runs model-written code.
+(the program in one sandbox, the tests in another, both in `reward.sandbox_backend`; see
+docs/sandbox.md), and returns the parts "correct" (every test passed) and "tests_passed" (the
+fraction). The rows of a batch are checked concurrently by a thread pool of `reward.workers`
+threads: each check waits on sandbox subprocesses, so threads suffice and the trainer process
+never runs model-written code.
 
 Anything that goes wrong (no code, a syntax error, a crash, a hang, a sandbox that would not
 start) scores 0 and is counted in `stats()`; `score` never raises for what a response does.
@@ -49,8 +50,6 @@ from rlvr_jax.types import Rollout
 _FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL)
 # The end of a function body: a non-blank line that starts at column 0.
 _BODY_END = re.compile(r"\n(?=\S)")
-# Backends whose choice this process has already logged.
-_LOGGED_BACKENDS: set[str] = set()
 
 
 def _defines(code: str, entry_point: str) -> bool:
@@ -157,13 +156,12 @@ class CodeTestsTask(Task):
         self,
         tok: Tokenizer,
         reward: RewardSettings,
-        backend: str = "auto",
         limits: sandbox.SandboxLimits | None = None,
     ):
         """Args:
         tok: decodes the responses.
-        reward: `workers` (checks at once) and `deadline_s` (each test's time).
-        backend: the sandbox backend ("auto": bubblewrap when it starts, else rlimits).
+        reward: `workers` (checks at once), `deadline_s` (each test's time) and
+          `sandbox_backend` (where the programs and the tests run).
         limits: the program's sandbox limits; by default `deadline_s` bounds the CPU time and
           twice it plus 5 s the wall time of a whole check.
         """
@@ -173,13 +171,12 @@ class CodeTestsTask(Task):
             cpu_seconds=max(1, math.ceil(reward.deadline_s)),
             wall_seconds=2 * reward.deadline_s + 5.0,
         )
-        self.backend = sandbox.available_backends()[0] if backend == "auto" else backend
+        self.sandbox_backend = reward.sandbox_backend
         self.counts = CodeStats()
         self._lock = threading.Lock()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=reward.workers, thread_name_prefix="code-tests"
         )
-        _log_backend(self.backend)
 
     @classmethod
     def build(
@@ -216,7 +213,7 @@ class CodeTestsTask(Task):
                 [entry],
                 limits=self.limits,
                 per_test_seconds=self.per_test_seconds,
-                backend=self.backend,
+                backend=self.sandbox_backend,
             )
             outcome = _outcome(result)
             fraction = float(result.fraction_passed)
@@ -265,18 +262,3 @@ class CodeTestsTask(Task):
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
-
-
-def _log_backend(backend: str) -> None:
-    if backend in _LOGGED_BACKENDS:
-        return
-    _LOGGED_BACKENDS.add(backend)
-    if backend == "bwrap":
-        logging.info("code_tests: model-written code runs in the bubblewrap sandbox")
-    else:
-        logging.warning(
-            "code_tests: bubblewrap is not available (%s); model-written code runs under the "
-            "rlimits fallback, which can read the host's files, hidden tests included "
-            "(docs/sandbox.md)",
-            sandbox.bwrap_unavailable_reason(),
-        )

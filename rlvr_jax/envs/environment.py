@@ -17,7 +17,8 @@ and the sampler stops the row at the end of `</tool_call>` (a stop sequence). `p
 reads the last such block of a turn; anything wrong with it (no block, JSON that does not parse,
 no "name", arguments that are not an object, an unknown tool) raises `ToolCallError`, which
 `ToolEnvironment.step` turns into an error observation that the model sees and the episode
-counts: a malformed call never crashes the rollout.
+counts as a tool error. So does any other exception a tool raises (a RecursionError, a bug): the
+observation says the tool failed and names the exception's type. Neither crashes the rollout.
 
 Host code; no JAX.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import inspect
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,6 +36,8 @@ from rlvr_jax.data.example import Example
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+# An unexpected exception's message is cut to this in the observation.
+_MAX_ERROR_CHARS = 200
 
 
 class ToolCallError(ValueError):
@@ -155,7 +159,8 @@ ScriptedPolicy = Callable[[str | None], str]
 Demonstrator = tuple["Environment", ScriptedPolicy]
 
 # A tool: its arguments (keywords) -> the observation text, or (text, failed) for a tool that
-# reports its own failures. It raises ToolCallError for arguments it cannot take.
+# reports its own failures. It raises ToolCallError for arguments it cannot take; anything else
+# it raises is a failed call too (`ToolEnvironment.step`).
 Tool = Callable[..., str | tuple[str, bool]]
 
 
@@ -165,7 +170,9 @@ class ToolEnvironment(Environment):
     A turn that contains `<tool_call>` calls a tool (parsed by `parse_tool_call`, run from
     `tools` with its arguments as keywords); its output, or the error, is the next observation.
     A turn without one is the final answer: `answer_parts(text)` scores it and the episode
-    ends. Parts: those of `answer_parts`, plus "tool_calls" and "tool_errors" (counts).
+    ends. Parts: those of `answer_parts`, plus "tool_calls" and "tool_errors" (counts). A call
+    that fails (malformed, an unknown tool, bad arguments, a tool that reports a failure or
+    raises anything) is a tool error; its observation says why.
 
     Subclasses set `tools` and implement `prompt` and `answer_parts`.
     """
@@ -197,21 +204,42 @@ class ToolEnvironment(Environment):
             return StepResult("", True, {**self.answer_parts(action_text), **self._counts()})
         self.tool_calls += 1
         try:
-            call = parse_tool_call(action_text)
-            tool = self.tools.get(call.name)
-            if tool is None:
-                raise ToolCallError(f"unknown tool {call.name!r}; tools: {sorted(self.tools)}")
-            try:
-                observation, failed = tool(**call.arguments), False
-            except TypeError as e:  # wrong or missing keyword arguments
-                raise ToolCallError(f"bad arguments for {call.name!r}: {e}") from None
-            if isinstance(observation, tuple):  # (text, failed) from a tool that reports it
-                observation, failed = observation
+            observation, failed = self._call(action_text)
         except ToolCallError as e:
             observation, failed = f"Error: {e}", True
         self.tool_errors += int(failed)
         parts = {"correct": 0.0, **self._counts()}
         return StepResult(observation, False, parts, tool_calls=1, tool_errors=int(failed))
+
+    def _call(self, action_text: str) -> tuple[str, bool]:
+        """Runs the turn's tool call: (observation, failed).
+
+        Raises:
+          ToolCallError: for a call that could not run or a tool that raised, with the
+            message for the model.
+        """
+        call = parse_tool_call(action_text)
+        tool = self.tools.get(call.name)
+        if tool is None:
+            raise ToolCallError(f"unknown tool {call.name!r}; tools: {sorted(self.tools)}")
+        try:
+            inspect.signature(tool).bind(**call.arguments)
+        except TypeError as e:  # wrong or missing keyword arguments
+            raise ToolCallError(f"bad arguments for {call.name!r}: {e}") from None
+        try:
+            observation = tool(**call.arguments)
+        except ToolCallError:
+            raise
+        except Exception as e:  # the tool's own failure: the episode goes on without it
+            detail = str(e)[:_MAX_ERROR_CHARS]
+            raise ToolCallError(
+                f"the tool {call.name!r} failed: {type(e).__name__}"
+                + (f": {detail}" if detail else "")
+            ) from None
+        failed = False
+        if isinstance(observation, tuple):  # (text, failed) from a tool that reports it
+            observation, failed = observation
+        return str(observation), bool(failed)
 
     def truncate(self) -> dict[str, float]:
         return {"correct": 0.0, **self._counts()}

@@ -52,6 +52,7 @@ class _WrappedTask(Task):
         self.inner = inner
         self.name = inner.name
         self.max_turns = inner.max_turns
+        self.sandbox_backend = inner.sandbox_backend
 
     def targets(self, examples_N: Sequence[Example]) -> Any:
         return self.inner.targets(examples_N)

@@ -7,12 +7,12 @@
 * `CountdownTask`: an arithmetic expression over the given numbers, parsed without eval
   (`rewards.countdown`), in the pool.
 * `ReasoningGymTask`: a reasoning-gym task's own scorer (`rewards.rg_scoring`), in the pool,
-  with the `eval` of the scorers that make one inside the sandbox.
+  with the `eval` of the scorers that make one inside the sandbox (`reward.sandbox_backend`).
 * `CodeTestsTask` (`envs.code`): a program run against the problem's hidden unit tests in the
-  sandbox (`rewards.code_tests`).
+  sandbox (`rewards.code_tests`, `reward.sandbox_backend`).
 
 `build_task` picks one from `RewardSettings.verifier` (the multi-turn "math_tool" and "swe"
-included: `envs.tool_math`, `envs.swe`).
+included: `envs.tool_math`, `envs.swe`) and checks its sandbox (`task.check_sandbox`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.code import CodeTestsTask
 from rlvr_jax.envs.swe import SweTask
-from rlvr_jax.envs.task import JaxParts, Task, response_texts
+from rlvr_jax.envs.task import JaxParts, Task, check_sandbox, response_texts
 from rlvr_jax.envs.tool_math import MathToolTask
 from rlvr_jax.rewards import arithmetic, countdown, rg_scoring
 from rlvr_jax.rewards import math as math_reward
@@ -176,8 +176,13 @@ class ReasoningGymTask(PoolTask):
 
     name = "reasoning_gym"
 
-    def __init__(self, tok: Tokenizer, reward: RewardSettings, think_in_prompt: bool):
+    def __init__(
+        self, tok: Tokenizer, reward: RewardSettings, think_in_prompt: bool, evaluates: bool
+    ):
+        """`evaluates`: some of the tasks' scorers evaluate the answer's text (`rg_scoring`'s
+        "sandbox" placement), which then runs in `reward.sandbox_backend`."""
         super().__init__(rg_scoring.score, rg_scoring.WARMUP, tok, reward, think_in_prompt)
+        self.sandbox_backend = reward.sandbox_backend if evaluates else None
 
     @classmethod
     def build(
@@ -198,15 +203,19 @@ class ReasoningGymTask(PoolTask):
                 f"reward.verifier='reasoning_gym' needs reasoning-gym examples; {bad.id!r} is not "
                 "one (use data.name='reasoning_gym:<task>')"
             )
-        return cls(tok, reward, think_in_prompt)
+        evaluates = any(
+            rg_scoring.SCORERS.get(ex.hidden["rg_task"]) == rg_scoring.SANDBOX for ex in examples
+        )
+        return cls(tok, reward, think_in_prompt, evaluates)
 
     def part_names(self) -> tuple[str, ...]:
         return ("correct", "rg_score", "format") if self.has_format() else ("correct", "rg_score")
 
     def score(self, rollout: Rollout, examples_N: Sequence[Example]) -> dict[str, np.ndarray]:
         texts = self.texts(rollout)
+        backend = self.reward.sandbox_backend
         items = [
-            (t, ex.hidden["rg_task"], ex.hidden["rg_entry"], ex.hidden["rg_config"])
+            (t, ex.hidden["rg_task"], ex.hidden["rg_entry"], ex.hidden["rg_config"], backend)
             for t, ex in zip(texts, examples_N, strict=True)
         ]
         raw = np.asarray(self.pool.map(items), np.float32)
@@ -224,7 +233,9 @@ def build_task(
     examples: Sequence[Example],
     template_name: str,
 ) -> Task:
-    """The task `reward.verifier` names, for `examples` (checked where the verifier needs it).
+    """The task `reward.verifier` names, for `examples` (checked where the verifier needs it),
+    with its sandbox checked (`task.check_sandbox`): every stage builds its task here, so a run
+    whose task executes model output refuses to start where its sandbox cannot.
 
     Args:
       reward: the reward settings.
@@ -232,8 +243,28 @@ def build_task(
       vocab_size: the model's vocabulary size.
       examples: every example the task will score (train and eval).
       template_name: the prompt template (R1-Zero's opens the think block in the prompt).
+
+    Raises:
+      ConfigError: examples the verifier cannot score.
+      SandboxUnavailableError: a task that executes model output with `reward.sandbox_backend`
+        "bwrap" where bubblewrap cannot start.
     """
-    think_in_prompt = template_name == "r1_zero"
+    task = _verifier_task(reward, tok, vocab_size, examples, template_name == "r1_zero")
+    try:
+        check_sandbox(task)
+    except BaseException:
+        task.close()
+        raise
+    return task
+
+
+def _verifier_task(
+    reward: RewardSettings,
+    tok: Tokenizer,
+    vocab_size: int,
+    examples: Sequence[Example],
+    think_in_prompt: bool,
+) -> Task:
     if reward.verifier == "math":
         return MathTask(tok, reward, think_in_prompt)
     if reward.verifier == "countdown":

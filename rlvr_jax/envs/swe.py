@@ -115,14 +115,15 @@ SYSTEM = (
 class SweOptions:
     """Attributes:
     limits: the sandbox limits of each command and of each scoring run.
-    backend: the sandbox backend ("auto": bubblewrap when it starts).
+    backend: the sandbox backend of the commands and the scoring runs: "bwrap", or "rlimits"
+      for trusted code and tests only (`reward.sandbox_backend`).
     max_output_chars: tool outputs are cut past it.
     min_tool_calls: an episode that ends with fewer is flagged "short".
     replay: score each patch a second time on a copy regenerated from the seed.
     """
 
     limits: sandbox.SandboxLimits = LIMITS
-    backend: str = "auto"
+    backend: str = "bwrap"
     max_output_chars: int = 2000
     min_tool_calls: int = 2
     replay: bool = True
@@ -273,7 +274,8 @@ def evaluate_patch(
 
 class SweTask(MultiTurnTask):
     """`reward.verifier="swe"`: episodes of `SweEnv` (`data.name="swe_repos"`), each patch
-    scored by the hidden tests (and their replay) in the task's thread pool.
+    scored by the hidden tests (and their replay) in the task's thread pool; commands and scoring
+    run in `reward.sandbox_backend` (unless `options` are given).
 
     `score` pairs the rows of a rollout with the episodes this task created last (one per row,
     in order, as `rl.multiturn` creates them just before), checking that each episode's example
@@ -282,8 +284,10 @@ class SweTask(MultiTurnTask):
 
     name = "swe"
 
-    def __init__(self, tok: Tokenizer, reward: RewardSettings, options: SweOptions = SweOptions()):
-        self.tok, self.options = tok, options
+    def __init__(self, tok: Tokenizer, reward: RewardSettings, options: SweOptions | None = None):
+        self.tok = tok
+        self.options = options or SweOptions(backend=reward.sandbox_backend)
+        self.sandbox_backend = self.options.backend
         self.max_turns = reward.max_turns
         self.turn_tokens = reward.turn_tokens
         self.tool_workers = reward.tool_workers

@@ -13,6 +13,11 @@ Multi-turn environments fit the same interface (`MultiTurnTask`): their rollout 
 sampled tokens with observation tokens (marked injected, so the loss leaves them out), made by
 `rl.multiturn` from one `Environment` per row, and `score` is the episode's final verifier over
 the whole trajectory; `Task.max_turns` is 1 for the single-turn tasks.
+
+A task that executes model output (a program, a tool call, an `eval` of an answer) names the
+sandbox backend it runs it in (`Task.sandbox_backend`, from `reward.sandbox_backend`);
+`check_sandbox` refuses it where that backend cannot start, when the task is built (before a
+stage compiles its steps), and logs what the sandbox protects against once per process.
 """
 
 from __future__ import annotations
@@ -24,17 +29,20 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.environment import Demonstrator, Environment, ToolResponseFormat
-from rlvr_jax.rewards import shaping
+from rlvr_jax.rewards import sandbox, shaping
 from rlvr_jax.rewards.config import RewardSettings
 from rlvr_jax.types import Rollout
 
 Array = jax.Array
 # parts(rollout, targets) -> {"correct": (N,), ...}, jittable.
 JaxParts = Callable[[Rollout, Any], dict[str, Array]]
+# The backends `check_sandbox` has described in this process's log.
+_LOGGED_BACKENDS: set[str] = set()
 
 
 class Task(abc.ABC):
@@ -43,10 +51,13 @@ class Task(abc.ABC):
     Attributes:
       name: the `reward.verifier` value that selects it.
       max_turns: model turns per episode (1: the response is the whole episode).
+      sandbox_backend: the `rewards.sandbox` backend the task runs model output in
+        (`reward.sandbox_backend`); None for a task that never executes model output.
     """
 
     name: str = ""
     max_turns: int = 1
+    sandbox_backend: str | None = None
 
     @property
     def jax_parts(self) -> JaxParts | None:
@@ -120,6 +131,29 @@ class MultiTurnTask(Task):
         task has no script for the example (the default)."""
         del example
         return None
+
+
+def check_sandbox(task: Task) -> None:
+    """Refuses a task whose sandbox cannot start on this host, and logs the sandbox once.
+
+    A task that runs no model output (`sandbox_backend` None) needs no sandbox. For one that
+    does, the first check of each backend in this process logs the backend, what it protects
+    against and what it lacks (`sandbox.describe`).
+
+    Raises:
+      SandboxUnavailableError: "bwrap" where bubblewrap cannot start; the message names the
+        package to install and the opt-in to the weak fallback, `reward.sandbox_backend`.
+      ValueError: an unknown backend.
+    """
+    backend = task.sandbox_backend
+    if backend is None:
+        return
+    sandbox.check_backend(backend)
+    if backend in _LOGGED_BACKENDS:
+        return
+    _LOGGED_BACKENDS.add(backend)
+    log = logging.info if backend == "bwrap" else logging.warning
+    log("task %r runs model output in the sandbox: %s", task.name, sandbox.describe(backend))
 
 
 def response_texts(tok: Tokenizer, rollout: Rollout) -> list[str]:

@@ -2,7 +2,8 @@
 
 `MathToolEnv` is one episode: the prompt is the question through the chat template with a system
 message that describes the `python` tool in the Qwen tool-call format; each tool call runs its
-`code` argument with `rewards.sandbox.run` under tight limits and answers with the program's
+`code` argument with `rewards.sandbox.run` under tight limits (in the task's
+`reward.sandbox_backend`) and answers with the program's
 stdout (and the tail of stderr when it failed), cut to `max_output_chars`; the final turn (no
 tool call) is scored by the math verifier on its last `\\boxed{}` (or the verifier's other
 extraction rules). Parts: "correct", "tool_calls", "tool_errors" (a malformed call, an unknown
@@ -57,12 +58,15 @@ LIMITS = sandbox.SandboxLimits(
 
 
 def run_python(
-    code: str, limits: sandbox.SandboxLimits = LIMITS, max_output_chars: int = 1024
+    code: str,
+    limits: sandbox.SandboxLimits = LIMITS,
+    max_output_chars: int = 1024,
+    backend: str = "bwrap",
 ) -> tuple[str, bool]:
-    """Runs `code` in the sandbox: (its stdout, cut to `max_output_chars`, failed)."""
+    """Runs `code` in the sandbox `backend`: (its stdout, cut to `max_output_chars`, failed)."""
     if not isinstance(code, str):
         raise ToolCallError('"code" must be a string')
-    r = sandbox.run(code, limits=limits)
+    r = sandbox.run(code, limits=limits, backend=backend)
     out = r.stdout.decode("utf-8", "replace")
     failed = r.returncode != 0 or r.killed_reason is not None
     if failed:
@@ -75,7 +79,8 @@ def run_python(
 
 
 class MathToolEnv(ToolEnvironment):
-    """One tool-integrated math episode (see the module docstring)."""
+    """One tool-integrated math episode (see the module docstring); the `python` tool runs in
+    the sandbox `backend`."""
 
     def __init__(
         self,
@@ -84,13 +89,14 @@ class MathToolEnv(ToolEnvironment):
         limits: sandbox.SandboxLimits = LIMITS,
         max_output_chars: int = 1024,
         system: str = SYSTEM,
+        backend: str = "bwrap",
     ):
         super().__init__()
         self.tok = tok
         self.verify = verify
         self.system = system
         self.tools = {
-            "python": lambda code: run_python(code, limits, max_output_chars),
+            "python": lambda code: run_python(code, limits, max_output_chars, backend),
         }
 
     def prompt(self, example: Example) -> str:
@@ -110,13 +116,15 @@ class MathToolTask(MultiTurnTask):
     tokens after the last observation) checked for equivalence in the verifier pool.
 
     Parts: "correct"; with the tool counts of each episode as `rl.multiturn` reports them in
-    the step's metrics ("episode/..."), not as rewards.
+    the step's metrics ("episode/..."), not as rewards. The `python` tool runs in
+    `reward.sandbox_backend`.
     """
 
     name = "math_tool"
 
     def __init__(self, tok: Tokenizer, reward: RewardSettings):
         self.tok = tok
+        self.sandbox_backend = reward.sandbox_backend
         self.system = reward.tool_system or SYSTEM
         self.max_turns = reward.max_turns
         self.turn_tokens = reward.turn_tokens
@@ -132,7 +140,12 @@ class MathToolTask(MultiTurnTask):
 
     def environment(self) -> MathToolEnv:
         # The final answer is scored in `score`, in the pool, not in the tool threads.
-        return MathToolEnv(self.tok, verify=lambda text, gold: 0.0, system=self.system)
+        return MathToolEnv(
+            self.tok,
+            verify=lambda text, gold: 0.0,
+            system=self.system,
+            backend=self.sandbox_backend,
+        )
 
     def demonstration(self, example: Example) -> Demonstrator | None:
         """The gold episode of a problem with a known expression (`meta["expression"]`, as the
@@ -148,7 +161,7 @@ class MathToolTask(MultiTurnTask):
                 return tool_call_text("python", {"code": f"print({expression})"})
             return ANSWER_TURN.format(answer=observation.strip())
 
-        return MathToolEnv(self.tok, system=self.system), policy
+        return MathToolEnv(self.tok, system=self.system, backend=self.sandbox_backend), policy
 
     def final_answers(self, rollout: Rollout) -> list[str]:
         """Each row's last model turn: its tokens after the last observation."""

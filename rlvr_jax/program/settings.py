@@ -472,7 +472,8 @@ def load_settings(workdir: str | Path) -> Settings:
 
 
 # Settings a resumed run may change freely: how long it runs, how often it logs, evaluates and
-# saves, and how the same computation is laid out (mesh, chunking, rematerialisation, workers).
+# saves, how the same computation is laid out (mesh, chunking, rematerialisation, workers), and
+# which sandbox runs the model's code.
 # Every other field changes what the checkpoint's optimizer state, data position or curriculum
 # statistics mean, and a resume that changes one needs `allow_changed_settings`.
 RESUME_FREE = frozenset(
@@ -488,6 +489,7 @@ RESUME_FREE = frozenset(
         "eval.in_stage",
         "reward.workers",
         "reward.deadline_s",
+        "reward.sandbox_backend",
         "model.remat",
         "model.attention",
         "model.attention_block",

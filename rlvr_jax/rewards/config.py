@@ -31,6 +31,11 @@ class RewardSettings:
     workers: host verifier processes (for "code_tests": sandboxed checks run at once).
     deadline_s: per-item verifier deadline; a check past it scores 0 and is counted (for
       "code_tests": the wall time of each test's calls to the program).
+    sandbox_backend: where model-written code runs (the programs of "code_tests", the tools of
+      "math_tool" and "swe", the `eval` of reasoning-gym's sandboxed scorers): "bwrap"
+      (bubblewrap, `apt-get install bubblewrap`; a run whose task executes model output
+      refuses to start without it) or "rlimits" (resource limits only: the code can read and
+      write its user's files on the host; for trusted code and tests only). docs/sandbox.md.
     max_turns: model turns per episode of a multi-turn verifier ("math_tool", "swe").
     turn_tokens: tokens each row decodes per round of a multi-turn rollout before its tool
       calls are looked at (a round ends earlier when every row has stopped); 0: all of
@@ -68,6 +73,7 @@ class RewardSettings:
     overlong_cache: int = 0
     workers: int = 2
     deadline_s: float = 5.0
+    sandbox_backend: Literal["bwrap", "rlimits"] = "bwrap"
     max_turns: int = 4
     turn_tokens: int = 0
     tool_workers: int = 8
@@ -110,6 +116,11 @@ class RewardSettings:
         if self.workers < 1 or self.deadline_s <= 0:
             raise ValueError(
                 f"reward.workers={self.workers} must be >= 1 and deadline_s={self.deadline_s} > 0"
+            )
+        if self.sandbox_backend not in ("bwrap", "rlimits"):
+            raise ValueError(
+                f"reward.sandbox_backend={self.sandbox_backend!r}; expected 'bwrap' (bubblewrap) "
+                "or 'rlimits' (no filesystem isolation: trusted code and tests only)"
             )
         if self.rm_norm not in ("none", "batch", "sigmoid"):
             raise ValueError(f"reward.rm_norm={self.rm_norm!r}; expected none, batch or sigmoid")

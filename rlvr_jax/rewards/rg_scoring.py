@@ -12,10 +12,11 @@ item), and `SCORERS` says, for each task this project supports, how its scorer r
   upgrade, a code path the review missed) scores 0 as a crash instead of evaluating model text.
 * "sandbox": the scorer calls `eval` on text. The scorer's module-level name `eval` is bound, for
   the duration of the call, to `sandboxed_eval`: the text is evaluated by a bare interpreter in
-  `rewards.sandbox` (no network, its own scratch directory, resource limits; bubblewrap where it
-  starts) and only the `repr` of the value comes back, read with `ast.literal_eval` (plain data,
-  never code). The rest of the scorer, the comparison, runs in the worker. What the model can
-  forge this way is the value of its own answer, which it could have written directly.
+  `rewards.sandbox` (the backend `score` is given, `reward.sandbox_backend`: bubblewrap, or the
+  rlimits fallback for trusted tests only) and only the `repr` of the value comes back, read
+  with `ast.literal_eval` (plain data, never code). The rest of the scorer, the comparison, runs
+  in the worker. What the model can forge this way is the value of its own answer, which it
+  could have written directly.
 
 Tasks whose scorer evaluates text with sympy (`puzzle24`, `countdown`, `polynomial_multiplication`,
 `simple_integration`, `intermediate_integration`) are not listed: sympy is not importable inside
@@ -120,17 +121,25 @@ def extract_answer(response: str) -> str:
     return found if found is not None else response.strip()
 
 
-def sandboxed_eval(source: Any, globals_: Any = None, locals_: Any = None) -> Any:
-    """`eval(source)` inside the sandbox; the value comes back as plain data.
+def sandboxed_eval(
+    source: Any, globals_: Any = None, locals_: Any = None, *, backend: str = "bwrap"
+) -> Any:
+    """`eval(source)` inside the sandbox (`backend`); the value comes back as plain data.
 
     Raises:
       EvalRefusedError: for a call with namespaces (no listed scorer makes one).
       ValueError: when the evaluation failed, ran out of time, or its value is not plain data
-        (what a scorer's `except` clause takes for an unparseable answer).
+        (what a scorer's `except` clause takes for an unparseable answer); also where the
+        sandbox cannot start (`sandbox.SandboxUnavailableError`).
     """
     if globals_ is not None or locals_ is not None or not isinstance(source, str):
         raise EvalRefusedError("sandboxed_eval takes one string, no namespaces")
-    result = sandbox.run(_EVALUATOR, stdin=source.encode("utf-8", "replace"), limits=_EVAL_LIMITS)
+    result = sandbox.run(
+        _EVALUATOR,
+        stdin=source.encode("utf-8", "replace"),
+        limits=_EVAL_LIMITS,
+        backend=backend,
+    )
     if result.returncode != 0 or result.killed_reason is not None:
         raise ValueError(f"the sandboxed eval failed ({result.killed_reason or result.returncode})")
     text = result.stdout.decode("utf-8", "replace")
@@ -148,16 +157,16 @@ def _refuse(*args: Any, **kwargs: Any) -> Any:
 
 
 @contextlib.contextmanager
-def guarded(module_name: str, placement: str) -> Iterator[None]:
+def guarded(module_name: str, placement: str, backend: str = "bwrap") -> Iterator[None]:
     """Runs a scorer of `module_name` with `builtins.eval`/`exec` refused and, for "sandbox",
-    the module's own `eval` bound to `sandboxed_eval`."""
+    the module's own `eval` bound to `sandboxed_eval` in `backend`."""
     module = sys.modules[module_name]
     saved = builtins.eval, builtins.exec
     had_own = "eval" in vars(module)
     own = vars(module).get("eval")
     builtins.eval, builtins.exec = _refuse, _refuse
     if placement == SANDBOX:
-        module.eval = sandboxed_eval
+        module.eval = functools.partial(sandboxed_eval, backend=backend)
     try:
         yield
     finally:
@@ -195,21 +204,30 @@ def _dataset(task: str, config_json: str) -> Any:
 
 
 def score_answer(
-    answer: str, task: str, entry: Mapping[str, Any], config_json: str = "{}"
+    answer: str,
+    task: str,
+    entry: Mapping[str, Any],
+    config_json: str = "{}",
+    backend: str = "bwrap",
 ) -> float:
-    """The task's own score of an extracted `answer` for `entry`, run where `SCORERS` says.
+    """The task's own score of an extracted `answer` for `entry`, run where `SCORERS` says
+    ("sandbox" evaluations in the sandbox `backend`).
 
     Call it in a verifier process (`score`), never in the trainer: for "sandbox" tasks it
     rebinds a name of the scorer's module while it runs.
     """
     where = placement(task)
     dataset = _dataset(task, config_json)
-    with guarded(type(dataset).__module__, where):
+    with guarded(type(dataset).__module__, where, backend):
         value = dataset.score_answer(answer, dict(entry))
     return float(value)
 
 
-def score(response: str, task: str, entry_json: str, config_json: str) -> float:
+def score(
+    response: str, task: str, entry_json: str, config_json: str, backend: str = "bwrap"
+) -> float:
     """The reasoning-gym score of a response: the function to give `pool.VerifierPool`, with
-    items `(response, task, entry_json, config_json)` (`Example.hidden` holds the last three)."""
-    return score_answer(extract_answer(response), task, json.loads(entry_json), config_json)
+    items `(response, task, entry_json, config_json, backend)` (`Example.hidden` holds the
+    middle three; `backend` is `reward.sandbox_backend`)."""
+    answer = extract_answer(response)
+    return score_answer(answer, task, json.loads(entry_json), config_json, backend)

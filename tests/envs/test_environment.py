@@ -12,7 +12,13 @@ import pytest
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs import tool_math
-from rlvr_jax.envs.environment import ToolCall, ToolCallError, parse_tool_call
+from rlvr_jax.envs.environment import (
+    ToolCall,
+    ToolCallError,
+    ToolEnvironment,
+    parse_tool_call,
+    tool_call_text,
+)
 from rlvr_jax.rewards import sandbox
 from rlvr_jax.rewards.config import RewardSettings
 from rlvr_jax.types import Rollout
@@ -146,3 +152,45 @@ def test_the_task_scores_the_last_turn_only():
         ex = Example("m/0", "q", "7", "test")
         parts = task.score(rollout, [ex] * 3)
     assert parts["correct"].tolist() == [0.0, 1.0, 1.0]
+
+
+class _Faulty(ToolEnvironment):
+    """Tools that fail in the ways a tool's own code can."""
+
+    def __init__(self):
+        super().__init__()
+        self.tools = {"recurse": self.recurse, "crash": self.crash, "typo": self.typo}
+
+    def recurse(self, depth: int) -> str:
+        return self.recurse(depth + 1)
+
+    def crash(self) -> str:
+        raise RuntimeError("the tool's own bug")
+
+    def typo(self, text: str) -> str:
+        return text + 1  # a TypeError inside the tool, not in its arguments
+
+    def prompt(self, example: Example) -> str:
+        return example.prompt_text
+
+    def answer_parts(self, text: str) -> dict[str, float]:
+        return {"correct": float(text == "7")}
+
+
+@pytest.mark.parametrize(
+    "name, arguments, observation",
+    [
+        ("recurse", {"depth": 0}, "Error: the tool 'recurse' failed: RecursionError"),
+        ("crash", {}, "Error: the tool 'crash' failed: RuntimeError: the tool's own bug"),
+        ("typo", {"text": "a"}, "Error: the tool 'typo' failed: TypeError"),
+        ("typo", {"txt": "a"}, "Error: bad arguments for 'typo'"),
+    ],
+)
+def test_a_tool_that_raises_is_a_failed_call_and_the_episode_goes_on(name, arguments, observation):
+    env = _Faulty()
+    env.reset(Example("f/0", "q", "7", "test"))
+    r = env.step(tool_call_text(name, arguments))
+    assert r.observation.startswith(observation), r.observation
+    assert (r.done, r.tool_calls, r.tool_errors) == (False, 1, 1)
+    r = env.step("7")
+    assert r.done and dict(r.parts) == {"correct": 1.0, "tool_calls": 1.0, "tool_errors": 1.0}

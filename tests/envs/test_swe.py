@@ -31,7 +31,7 @@ from tests.envs.fixtures import QWEN_STYLE
 EXAMPLE = swe_repos.swe_example(0, 3)  # calc: count_vowels misses upper-case vowels
 PKG = EXAMPLE.hidden["allowed"][0].split("/")[0]
 ((FIX_PATH, FIXED),) = EXAMPLE.hidden["fix"].items()
-BACKEND = sandbox.available_backends()[0]
+BACKEND = swe.SweOptions().backend  # "bwrap": the episodes run model-written commands
 
 
 @pytest.fixture(scope="module")

@@ -79,7 +79,7 @@ def test_a_pool_scorer_never_reaches_eval_or_exec(task, examples, monkeypatch):
     recorder = _Recorder()
     monkeypatch.setattr(rg_scoring, "_refuse", recorder)
     sandboxed = []
-    monkeypatch.setattr(rg_scoring, "sandboxed_eval", lambda *a: sandboxed.append(a))
+    monkeypatch.setattr(rg_scoring, "sandboxed_eval", lambda *a, **k: sandboxed.append(a))
     hostile = "__import__('os').system('true')"
     for ex in examples[task]:
         for response in (f"<answer>{ex.answer}</answer>", WRONG, hostile, "[1, 2]", ""):
@@ -95,15 +95,16 @@ def test_a_sandbox_scorer_evaluates_only_in_the_sandbox(task, examples, monkeypa
     sandboxed = []
     real = rg_scoring.sandboxed_eval
 
-    def spy(*args):
-        sandboxed.append(args[0])
-        return real(*args)
+    def spy(*args, **kwargs):
+        sandboxed.append((args[0], kwargs))
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(rg_scoring, "sandboxed_eval", spy)
     ex = examples[task][0]
     # A Python literal for the answer: every one of these scorers hands it (or its gold) to eval.
-    rg_scoring.score(*_item("<answer>['A', 'B']</answer>", ex))
+    rg_scoring.score(*_item("<answer>['A', 'B']</answer>", ex), "rlimits")
     assert sandboxed, f"{task}: the scorer's eval did not go through the sandbox"
+    assert all(kwargs == {"backend": "rlimits"} for _, kwargs in sandboxed)  # the task's backend
     assert recorder.calls == []
     module = sys.modules[type(rg_scoring._dataset(task, ex.hidden["rg_config"])).__module__]
     assert "eval" not in vars(module)  # the binding is undone after the call
@@ -116,19 +117,20 @@ def test_the_guard_refuses_eval_in_a_scorer_that_was_not_reviewed(monkeypatch):
         rg_scoring.score_answer("1 + 1", "basic_arithmetic", {"answer": "2", "metadata": {}})
 
 
-def test_a_hostile_answer_cannot_write_outside_the_sandbox(examples, monkeypatch):
+@pytest.mark.parametrize("task", ["n_queens", "spiral_matrix"])
+def test_a_hostile_answer_cannot_write_outside_the_sandbox(task, examples, monkeypatch):
     reason = sandbox.bwrap_unavailable_reason()
     if reason is not None:
-        pytest.skip(f"the rlimits fallback lets code write outside its directory: {reason}")
+        pytest.skip(f"bubblewrap, the scorers' default sandbox, cannot start here: {reason}")
     with tempfile.TemporaryDirectory() as visible:
         os.chmod(visible, 0o777)  # writable by anyone: only the sandbox can stop the write
         target = os.path.join(visible, "escaped")
         hostile = f"(open({target!r}, 'w').write('x'), __import__('os').system('touch {target}'))"
-        ex = examples["spiral_matrix"][0]
+        ex = examples[task][0]
         evaluated = []
         real = rg_scoring.sandboxed_eval
         monkeypatch.setattr(
-            rg_scoring, "sandboxed_eval", lambda *a: evaluated.append(a) or real(*a)
+            rg_scoring, "sandboxed_eval", lambda *a, **k: evaluated.append(a) or real(*a, **k)
         )
         value = rg_scoring.score(*_item(f"<answer>{hostile}</answer>", ex))
         assert evaluated == [(hostile,)]  # the scorer did evaluate it, in the sandbox

@@ -188,6 +188,53 @@ def test_malformed_tool_calls_become_error_observations(tok):
     assert int(rollout.finish_N[0]) == FINISH_EOS
 
 
+class FaultyAddEnv(AddEnv):
+    """`add` raises `error` on its first call, as a tool with a bug would."""
+
+    def __init__(self, error: Exception):
+        super().__init__()
+        self.error = error
+        self.tools = {"add": self.faulty_add}
+
+    def faulty_add(self, a: int, b: int) -> str:
+        if self.tool_calls == 1:
+            raise self.error
+        return self.add(a, b)
+
+
+class BrokenEnv(AddEnv):
+    """An environment whose own step raises on a tool call (outside any tool)."""
+
+    def step(self, action_text: str) -> StepResult:
+        if "<tool_call>" in action_text:
+            raise RuntimeError("the environment's bug")
+        return super().step(action_text)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), RecursionError("too deep")])
+def test_a_tool_that_raises_mid_episode_is_a_failed_call_and_the_episode_completes(tok, error):
+    turns = [call("add", a=3, b=4), call("add", a=3, b=4), "So \\boxed{7}"]
+    script = "".join(turns) + tok.decode([tok.eos_ids[0]])
+    envs = [FaultyAddEnv(error), AddEnv()]
+    rollout, stats, _ = _run(tok, [script, script], envs, T=800, K=64)
+    tokens, _, _ = _sampled_and_injected(rollout, 0)
+    name = type(error).__name__
+    assert f"<tool_response>\nError: the tool 'add' failed: {name}: {error}" in tok.decode(tokens)
+    assert stats.tool_calls_N.tolist() == [2, 2] and stats.tool_errors_N.tolist() == [1, 0]
+    assert stats.parts["correct"].tolist() == [1.0, 1.0]
+    assert stats.metrics()["episode/tool_errors"] == 0.5
+    assert np.asarray(rollout.finish_N).tolist() == [FINISH_EOS, FINISH_EOS]
+
+
+def test_an_environment_step_that_raises_ends_its_episode_only(tok):
+    script = call("add", a=3, b=4) + "So \\boxed{7}" + tok.decode([tok.eos_ids[0]])
+    rollout, stats, _ = _run(tok, [script, script], [BrokenEnv(), AddEnv()], T=800, K=64)
+    assert stats.turns_N.tolist() == [1, 2]
+    assert stats.tool_calls_N.tolist() == [1, 1] and stats.tool_errors_N.tolist() == [1, 0]
+    assert stats.parts["correct"].tolist() == [0.0, 1.0]
+    assert int(rollout.finish_N[1]) == FINISH_EOS
+
+
 def test_the_turn_budget_cuts_before_the_tool_runs(tok):
     script = call("add", a=1, b=1) * 5
     env = AddEnv()
