@@ -16,6 +16,11 @@ pass@k is the unbiased estimator of Chen et al. (2021) over n samples per prompt
 `--temperature` (`eval_metrics`); mean@n is the fraction of correct samples. The JSON goes to
 `--out` or `<workdir>/eval/<data>[-step<N>].json`, and a table to the console.
 
+Writing into a run's workdir (the default `--out`; with `--config`, `runs/<config name>`) takes the
+workdir's lock (`program.workdir_lock`) for the whole evaluation: while a trainer runs there the
+command refuses at once, naming its pid, with exit status 2. With `--out` outside the workdir it
+only reads the checkpoints and takes no lock, so a running trainer's checkpoints can be evaluated.
+
 `--think_budgets=6,12,24` adds Qwen3's accuracy-against-thinking-budget curve
 (`program.thinking_budget`): greedy accuracy, the early-end rate (the share of thoughts the
 budget ended), length and truncation at each budget, with the sampler's think tokens or, where
@@ -25,17 +30,28 @@ evaluates under another prompt template (e.g. "qwen3_non_thinking", or a "/no_th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import sys
 import time
 from pathlib import Path
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rlvr_jax.program import build, compilation, evaluation, thinking_budget
+from rlvr_jax.program import (
+    build,
+    compilation,
+    config_file,
+    evaluation,
+    thinking_budget,
+    workdir_lock,
+)
 from rlvr_jax.program.settings import settings_from_config
 
-config_flags.DEFINE_config_file("config", None, "Experiment config file (with --source).")
+config_file.guard(
+    config_flags.DEFINE_config_file("config", None, "Experiment config file (with --source).")
+)
 flags.DEFINE_string("workdir", None, "A run's workdir: evaluates its checkpoint.")
 flags.DEFINE_string("source", "", "With --config: the model source to evaluate.")
 flags.DEFINE_integer(
@@ -80,14 +96,38 @@ def main(argv: list[str]) -> None:
         ) from None
     if bool(f.workdir) == (f.config is not None):
         raise app.UsageError("give exactly one of --workdir=W (a run) or --config=C")
+    if f.workdir and f.source:
+        raise app.UsageError("--source goes with --config; --workdir evaluates its checkpoint")
+    run_dir = (
+        Path(f.workdir)
+        if f.workdir
+        else Path("runs") / Path(f["config"].config_filename.split(":")[0]).stem
+    )
+    # A workdir that is not there holds no run to protect (restoring it fails, naming it).
+    writes_there = (not f.out or workdir_lock.inside(f.out, run_dir)) and (
+        not f.workdir or run_dir.is_dir()
+    )
+    with contextlib.ExitStack() as stack:
+        if writes_there:
+            try:
+                stack.enter_context(workdir_lock.hold(run_dir, "evaluation"))
+            except workdir_lock.WorkdirBusyError as e:
+                print(
+                    f"eval: {e} To evaluate a running run's checkpoints, pass --out=<a path "
+                    "outside the workdir>.",
+                    file=sys.stderr,
+                )
+                sys.exit(workdir_lock.BUSY_EXIT_STATUS)
+        _evaluate(f, budgets, run_dir)
+
+
+def _evaluate(f: flags.FlagValues, budgets: list[int], run_dir: Path) -> None:
     step = None
     if f.workdir:
-        if f.source:
-            raise app.UsageError("--source goes with --config; --workdir evaluates its checkpoint")
         params, model_cfg, tok, settings, step = build.restore_policy(
             f.workdir, None if f.step < 0 else f.step
         )
-        workdir, model = Path(f.workdir), f"{f.workdir} step {step}"
+        workdir, model = run_dir, f"{f.workdir} step {step}"
     else:
         config = f.config
         if f.source:
@@ -95,8 +135,7 @@ def main(argv: list[str]) -> None:
         settings = settings_from_config(config)
         tok = build.build_tokenizer(settings.model)
         params, model_cfg = build.load_policy(settings.model, tok, settings.train.seed)
-        stem = Path(f["config"].config_filename.split(":")[0]).stem
-        workdir, model = Path("runs") / stem, settings.model.source
+        workdir, model = run_dir, settings.model.source
     if f.template:
         settings = dataclasses.replace(
             settings, data=dataclasses.replace(settings.data, template=f.template)

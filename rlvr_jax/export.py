@@ -13,15 +13,25 @@ directory over `model.source` (`model.lora_export.save_peft_adapter`).
 `--out` must be absent or empty unless `--overwrite`: then the new directory is written beside it
 and renamed into its place, so no file of the old one (an old shard or shard index, which loaders
 would prefer) remains.
+
+With `--out` inside the workdir (e.g. `<workdir>/hf`) the export writes into the run's directory
+and takes its lock (`program.workdir_lock`): while a trainer runs there it refuses at once,
+naming the trainer's pid, with exit status 2. An `--out` elsewhere only reads the checkpoints and
+takes no lock.
 """
 
 from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
 
 import jax
 from absl import app, flags, logging
 
 from rlvr_jax.model import hf, lora_export
 from rlvr_jax.model import lora as lora_lib
+from rlvr_jax.program import workdir_lock
 from rlvr_jax.program.build import restore_policy
 from rlvr_jax.program.checkpoint import CheckpointError
 
@@ -52,6 +62,18 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore stage at INFO
     if _STEP.value < -1:
         raise app.UsageError(f"--step={_STEP.value}: give a step >= 0, or -1 for the newest")
+    inside = Path(_WORKDIR.value).is_dir() and workdir_lock.inside(_OUT.value, _WORKDIR.value)
+    with contextlib.ExitStack() as stack:
+        if inside:
+            try:
+                stack.enter_context(workdir_lock.hold(_WORKDIR.value, "export"))
+            except workdir_lock.WorkdirBusyError as e:
+                print(f"export: {e}", file=sys.stderr)
+                sys.exit(workdir_lock.BUSY_EXIT_STATUS)
+        _export()
+
+
+def _export() -> None:
     try:
         # Checked before the restore too, which can take minutes on a large model.
         hf.check_output_dir(_OUT.value, _OVERWRITE.value)

@@ -4,12 +4,19 @@ The only place with flags and `jax.config`: it turns the config file into typed 
 unknown or inconsistent field fails here, before anything compiles), then runs the stage the
 config names (`program.stages`): RL (`train.stage="rl"`, the default), supervised fine-tuning on
 demonstrations (`train.stage="sft"`) or a reward model on preference pairs (`train.stage="rm"`).
+
+Exit statuses: 0 when the run reached its last step, or stopped after a SIGTERM or SIGINT with
+that step saved (the same command resumes); 1 for an error (a traceback; also a config file that
+calls sys.exit while loading); 2 when another process holds the workdir (`program.workdir_lock`;
+the message names its pid); 130 after a second SIGINT (stopped at once, unsaved step lost);
+128 + the signal's number for SIGTERM or SIGINT outside the training loop (start-up, or the
+evaluation after training; the message says what is saved). After an error the process exits
+within seconds even if a library left a thread waiting (`preemption.exit_after_error`).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -17,10 +24,11 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rlvr_jax.program import compilation, stages
+from rlvr_jax.program import compilation, config_file, preemption, stages, workdir_lock
 from rlvr_jax.program.settings import settings_from_config
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
+config_file.guard(_CONFIG)
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Where checkpoints, metrics and plots go (default: runs/<config name>)."
 )
@@ -50,28 +58,11 @@ _STEP = flags.DEFINE_integer(
 )
 
 
-class _StartupTerminated(SystemExit):
-    """SIGTERM or SIGINT before the training loop took over the signals."""
-
-
-def _terminate_during_startup(signum: int, frame: object) -> None:
-    del frame
-    name = signal.Signals(signum).name
-    print(
-        f"stopped by {name} outside the training loop: during start-up nothing has been trained "
-        "yet, and the workdir's checkpoints are unchanged",
-        file=sys.stderr,
-        flush=True,
-    )
-    raise _StartupTerminated(128 + signum)
-
-
 def main(argv: list[str]) -> None:
     del argv
     # Loading and compiling take minutes on a large model: a termination signal then ends the run
     # with a message. The training loop replaces these handlers with its own (save, then stop).
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _terminate_during_startup)
+    preemption.install_outside_loop()
     compilation.COMPILES.install(notices=True)  # the time to the first step counts from here
     # Orbax logs every checkpoint stage at INFO; the metrics ledger is the run's log.
     logging.set_verbosity(logging.WARNING)
@@ -84,15 +75,22 @@ def main(argv: list[str]) -> None:
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config=configs/<name>.py is required")
-    settings = settings_from_config(config)
     name = Path(flags.FLAGS["config"].config_filename.split(":")[0]).stem
     workdir = _WORKDIR.value or os.path.join("runs", name)
-    stages.run(
-        settings,
-        workdir,
-        allow_changed_settings=_ALLOW_CHANGED.value,
-        resume_step=None if _STEP.value < 0 else _STEP.value,
-    )
+    primary = not _DISTRIBUTED.value or jax.process_index() == 0
+    try:
+        with workdir_lock.hold(workdir, "training", enabled=primary):
+            stages.run(
+                settings_from_config(config),
+                workdir,
+                allow_changed_settings=_ALLOW_CHANGED.value,
+                resume_step=None if _STEP.value < 0 else _STEP.value,
+            )
+    except workdir_lock.WorkdirBusyError as e:
+        print(f"main: {e}", file=sys.stderr)
+        sys.exit(workdir_lock.BUSY_EXIT_STATUS)
+    except BaseException as e:  # noqa: BLE001 - every way out ends the process promptly
+        preemption.exit_after_error(e)
 
 
 if __name__ == "__main__":

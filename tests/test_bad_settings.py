@@ -3,6 +3,9 @@ update goes non-finite stops with an error instead of training on NaN."""
 
 import importlib.util
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -11,7 +14,7 @@ from rlvr_jax.program import rl_stage
 from rlvr_jax.program import settings as settings_lib
 from rlvr_jax.program.metrics import read_metrics
 from rlvr_jax.program.run import NonFiniteError, non_finite
-from tests.test_main import TINY
+from tests.test_main import REPO, TINY
 
 
 def _tiny(**overrides):
@@ -43,6 +46,8 @@ BAD = [
     ("reward__format_weight", math.nan, "reward.format_weight=nan must be a finite number"),
     ("reward__length_weight", math.inf, "reward.length_weight=inf must be a finite number"),
     ("reward__overlong_cache", -1, "overlong_cache=-1 must be >= 0"),
+    ("reward__sandbox_backend", "auto", "reward.sandbox_backend='auto'"),
+    ("reward__sandbox_backend", "docker", "reward.sandbox_backend='docker'"),
     ("train__batch_prompts", 0, "batch_prompts=0 must be >= 1"),
     ("train__batch_prompts", -4, "batch_prompts=-4 must be >= 1"),
     ("train__steps", -1, "steps=-1 must be >= 0"),
@@ -113,3 +118,20 @@ def test_a_run_whose_update_goes_non_finite_stops_with_an_error(tmp_path):
     assert rows[0]["update_norm"] is None  # written as null
     saved = [p for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
     assert not saved  # the state after the failed update was not saved
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_config_file_that_calls_sys_exit_is_a_config_error(tmp_path, code):
+    config = tmp_path / "exits.py"
+    config.write_text(f"import sys\n\n\ndef get_config():\n    sys.exit({code})\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlvr_jax.main", f"--config={config}", f"--workdir={tmp_path}/w"],
+        cwd=REPO,
+        env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert f"exits.py ended the process while loading (sys.exit({code}))" in proc.stderr
+    assert not (tmp_path / "w").exists()

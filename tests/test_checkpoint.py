@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -472,3 +473,57 @@ def test_host_json_is_copied_at_save_time(tmp_path, saved):
         _, back = ckpt.restore(other)
     assert back == {"curriculum": {"a": [1]}}
     assert json.loads((tmp_path / "1" / "meta" / "metadata").read_text())["version"] == 1
+
+
+def _orbax_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if type(t).__module__.startswith("orbax.")]
+
+
+def test_a_failed_save_leaves_no_background_thread_waiting(tmp_path, saved):
+    """The checkpoints replaced by a file: orbax's writers of the save wait for a directory that
+    is never made; the error releases them, so nothing keeps the process from exiting."""
+    state, other = saved
+    ckpt = ckpt_lib.Checkpointer(tmp_path / "ck", every_steps=1, ref_source="embedded")
+    ckpt.save(1, state)
+    ckpt.wait()
+    (tmp_path / "ck").rename(tmp_path / "aside")
+    (tmp_path / "ck").write_text("")
+    with pytest.raises(ckpt_lib.CheckpointError, match="Not a directory") as e:
+        ckpt.save(2, state)
+        ckpt.wait()
+    assert f"step 2 to {tmp_path / 'ck' / '2'}" in str(e.value)
+    assert _orbax_threads() == []
+    ckpt.close()
+    (tmp_path / "ck").unlink()
+    (tmp_path / "aside").rename(tmp_path / "ck")
+    with ckpt_lib.Checkpointer(tmp_path / "ck", every_steps=1, ref_source="embedded") as again:
+        restored, _ = again.restore(other)
+    _assert_same(restored.params, state.params)
+
+
+def test_a_file_in_place_of_the_directory_is_refused_when_opened(tmp_path):
+    (tmp_path / "ck").write_text("")
+    with pytest.raises(ckpt_lib.CheckpointError, match=r"ck is not a directory \(a file is in"):
+        ckpt_lib.Checkpointer(tmp_path / "ck", every_steps=1)
+
+
+def test_keyboard_interrupt_gives_up_the_save_in_flight(tmp_path, saved):
+    state, other = saved
+    with (
+        pytest.raises(KeyboardInterrupt),
+        ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="embedded") as ckpt,
+    ):
+        ckpt.save(1, state)
+        ckpt.wait()
+        ckpt.save(2, state)
+        raise KeyboardInterrupt
+    assert _orbax_threads() == []
+    assert ckpt.complete_steps()[0] == 1  # step 2 may have completed, or not
+    with pytest.raises(ckpt_lib.CheckpointError, match="read-only|closed|cannot"):
+        ckpt.save(3, state)
+    with ckpt_lib.Checkpointer(tmp_path, every_steps=1, ref_source="embedded") as again:
+        assert again.all_steps() == ckpt.complete_steps()
+        restored, _ = again.restore(other)
+        again.save(3, state)
+    _assert_same(restored.params, state.params)
+    assert not any("tmp" in p.name for p in tmp_path.iterdir())

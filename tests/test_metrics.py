@@ -295,6 +295,52 @@ def test_read_metrics_tolerates_a_torn_last_line_only(tmp_path):
         metrics_lib.read_metrics(tmp_path)
 
 
+def test_a_line_that_is_not_utf8_is_named_by_file_and_line(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    good = [b'{"step": 1, "record": "step", "x": 1}', b'{"step": 2, "record": "step", "x": 2}']
+    path.write_bytes(good[0] + b"\n" + b'{"step": 2, "note": "\xff\xfe"}\n' + good[1] + b"\n")
+    message = rf"{path}:2: not UTF-8 text \(invalid start byte at byte 22 of the line\)"
+    with pytest.raises(ValueError, match=message):
+        metrics_lib.read_metrics(tmp_path)
+    with pytest.raises(ValueError, match=message):  # a resume refuses to rewrite it
+        _writer(tmp_path, resume_step=1)
+    assert path.read_bytes().count(b"\n") == 3
+    # The last line torn inside a character ("é" is two bytes) is a torn line like any other.
+    path.write_bytes(good[0] + b"\n" + b'{"step": 2, "note": "\xc3')
+    with caplog.at_level("WARNING"):
+        assert [r["step"] for r in metrics_lib.read_metrics(tmp_path)] == [1]
+    assert "ignoring an incomplete last line" in caplog.text
+
+
+def test_a_deleted_ledger_on_resume_is_a_warning_naming_it_and_the_steps(tmp_path, caplog):
+    ledger = tmp_path / "metrics.jsonl"
+    stream = io.StringIO()
+    with caplog.at_level("WARNING"), _writer(tmp_path, resume_step=5, stream=stream) as w:
+        assert w.missing_eval
+        w.write(6, {"x": 6.0})
+    warning = (
+        f"metrics: {ledger} is missing: steps 1-5 have no rows (the run resumes from its "
+        "checkpoint at step 5, which is intact; only those rows are lost)"
+    )
+    assert warning in stream.getvalue() and warning in caplog.text
+    assert _kinds(metrics_lib.read_metrics(tmp_path)) == [(6, "step")]
+    # Cut short by hand: the steps it lacks are named; a whole ledger warns of nothing.
+    with _writer(tmp_path) as w:
+        w.write(0, {"eval/accuracy": 0.1}, record=metrics_lib.EVAL)
+        for i in (1, 2, 4):
+            w.write(i, {"x": float(i)})
+    stream = io.StringIO()
+    with _writer(tmp_path, resume_step=6, stream=stream) as w:
+        assert not w.missing_eval
+    assert f"metrics: {ledger} has no rows for some steps: steps 3, 5-6 have no rows" in (
+        stream.getvalue()
+    )
+    stream = io.StringIO()
+    with _writer(tmp_path, resume_step=2, stream=stream):
+        pass
+    assert "no rows" not in stream.getvalue()
+
+
 def test_bad_metrics_name_the_value(tmp_path):
     with metrics_lib.MetricsWriter(tmp_path, use_tensorboard=False, stream=io.StringIO()) as w:
         with pytest.raises(ValueError, match=r"'m' has shape \(2, 2\)"):

@@ -100,7 +100,7 @@ def test_sigterm_during_start_up_says_nothing_was_trained(tmp_path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM, (out, err)
     assert "stopped by SIGTERM outside the training loop" in err
-    assert "nothing has been trained yet" in err
+    assert "this process has trained nothing yet" in err
     # The message comes first; only background threads stopped at exit may print after it.
     assert "Traceback" not in err.split("stopped by SIGTERM")[0]
     checkpoints = workdir / "checkpoints"

@@ -21,7 +21,9 @@ run. A checkpoint that reads but does not fit the caller's state is the caller's
 raised. `discard_after` then removes the newer steps, so that saving continues from the restored
 one. An asynchronous save that fails is raised by the next `wait`, `close` or save, once, as a
 `CheckpointError` naming the step's directory, chained to the original error (an `OSError` for a
-full disk).
+full disk); orbax's background threads of that save are released then (`checkpoint_threads`), so
+a failed save never keeps the process from exiting. `abandon` gives up a save in flight (a second
+Ctrl-C). A checkpoints path that is a file is refused when the directory is opened.
 
 Every process of a multi-host run calls `save`, `restore` and `discard_after` (orbax coordinates
 them); only the primary process writes the JSON items.
@@ -33,40 +35,29 @@ import dataclasses
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
 from rlvr_jax.model import lora as lora_lib
+from rlvr_jax.program import checkpoint_layout as layout
+from rlvr_jax.program import checkpoint_threads
+from rlvr_jax.program.checkpoint_layout import CheckpointError, CorruptCheckpointError
 from rlvr_jax.rl.state import TrainState
 
 FORMAT_VERSION = 1
 _STATE, _HOST, _META = "state", "host", "meta"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be written or restored; the message names the path and step."""
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A checkpoint whose files cannot be read: a missing item, unreadable metadata or arrays.
-
-    Unlike a checkpoint that reads but does not match the target, an older step may be intact.
-    """
-
+# How orbax names a leaf on disk ("opt_state.1.0.mu.embed").
+_leaf_name = layout.leaf_name
 
 # The metadata `restore` reads; a record without them is damaged.
 _META_KEYS = ("ref_source", "ref_saved", "rng_impl")
-
-
-def _is_key(x: Any) -> bool:
-    return jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
 def _check_json(host: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,44 +76,6 @@ def _check_json(host: Mapping[str, Any]) -> dict[str, Any]:
                 f"host state entry {key!r} (a {type(value).__name__}) is not JSON-serialisable: {e}"
             ) from e
     return out
-
-
-def _abstract(x: Any) -> jax.ShapeDtypeStruct:
-    """The restore target of one leaf: its shape, dtype and sharding (a default device when an
-    abstract leaf carries none)."""
-    sharding = getattr(x, "sharding", None)
-    if sharding is None:
-        sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
-
-
-def _leaf_name(path: tuple[Any, ...]) -> str:
-    """A key path as orbax names the leaf on disk: "opt_state.1.0.mu.embed"."""
-    parts = []
-    for key in path:
-        for attr in ("key", "idx", "name"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-        else:
-            parts.append(str(key))
-    return ".".join(parts)
-
-
-def _reason(e: BaseException, limit: int = 500) -> str:
-    """The first line of the innermost cause of `e`, for one-line messages: the array store
-    wraps its errors in messages that carry a whole multi-line store spec."""
-    while e.__cause__ is not None:
-        e = e.__cause__
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    if len(text) > limit:
-        text = text[:limit] + " ..."
-    return f"{type(e).__name__}: {text}"
-
-
-def _is_concrete(tree: Any) -> bool:
-    leaves = jax.tree.leaves(tree)
-    return bool(leaves) and all(isinstance(x, jax.Array) for x in leaves)
 
 
 class Checkpointer:
@@ -174,6 +127,12 @@ class Checkpointer:
         self.keep = keep
         self.ref_source = ref_source
         self.save_ref = save_ref or ref_source is None
+        local = "://" not in str(directory)
+        if local and self.directory.exists() and not self.directory.is_dir():
+            raise CheckpointError(
+                f"checkpoint directory {self.directory} is not a directory (a file is in its "
+                "place); move it away or use another workdir"
+            )
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             create=not read_only,
@@ -209,6 +168,8 @@ class Checkpointer:
                 self._manager._cleanup_tmp_directory_future = None
         self.restored_step: int | None = None
         self._saving: int | None = None  # the step of the save that `wait` waits for
+        # Orbax's operation ids of the saves whose background threads may still run.
+        self._operations: set[str] = set()
         self._closed = False
 
     # -- queries --------------------------------------------------------------------------------
@@ -282,7 +243,12 @@ class Checkpointer:
                 )
             )
         except Exception as e:
+            self._release_threads()
             raise CheckpointError(f"saving step {step} to {self.step_dir(step)} failed: {e}") from e
+        finally:
+            operation = checkpoint_threads.current_operation()
+            if operation is not None:
+                self._operations.add(operation)
 
     def _to_tree(self, state: TrainState) -> tuple[dict[str, Any], dict[str, Any]]:
         # A LoRA policy whose base the source rebuilds saves its adapters only.
@@ -290,7 +256,7 @@ class Checkpointer:
         adapters_only = has_lora and self.ref_source is not None
         params = {"lora": state.params.lora} if adapters_only else state.params
         tree = {"step": state.step, "params": params, "opt_state": state.opt_state}
-        if _is_key(state.rng):
+        if layout.is_key(state.rng):
             tree["rng"] = jax.random.key_data(state.rng)
             rng_impl = str(jax.random.key_impl(state.rng))
         else:
@@ -404,8 +370,15 @@ class Checkpointer:
             )
         if callable(target):
             target = target(meta)
-        abstract, target_is_key = self._abstract_target(step, meta, target)
-        self._check_layout(step, abstract)
+        where = f"checkpoint {self.step_dir(step)} (step {step})"
+        abstract, target_is_key = layout.abstract_target(where, meta, target, self.ref_source)
+        try:
+            saved_tree = self._manager.item_metadata(step)[_STATE]
+        except Exception as e:
+            raise CorruptCheckpointError(
+                f"cannot read the array metadata of {where}: {layout.reason(e)}"
+            ) from e
+        layout.check_layout(where, saved_tree, abstract)
         tree = self._restore_items(step, {_STATE: ocp.args.StandardRestore(abstract)})[_STATE]
         rng = tree["rng"]
         if target_is_key:
@@ -418,7 +391,7 @@ class Checkpointer:
         if meta["ref_saved"]:
             ref = tree["ref_params"]
         else:
-            ref = target.ref_params if _is_concrete(target.ref_params) else None
+            ref = target.ref_params if layout.is_concrete(target.ref_params) else None
         params = tree["params"]
         if meta.get("adapters_only"):
             params = dataclasses.replace(target.params, lora=params["lora"])
@@ -431,71 +404,6 @@ class Checkpointer:
             critic=tree.get("critic"),
         )
         return state, host
-
-    def _abstract_target(
-        self, step: int, meta: dict[str, Any], target: TrainState
-    ) -> tuple[dict[str, Any], bool]:
-        """The restore target of the saved tree, and whether the PRNG key is a typed one."""
-        if meta["ref_saved"] and target.ref_params is None:
-            raise CheckpointError(
-                f"checkpoint {self.step_dir(step)} (step {step}) holds reference parameters but "
-                "the target state has none (was the KL term turned off?)"
-            )
-        if meta["ref_source"] != self.ref_source and not meta["ref_saved"]:
-            logging.warning(
-                "checkpoint step %d recorded ref_source=%r, this run has ref_source=%r",
-                step,
-                meta["ref_source"],
-                self.ref_source,
-            )
-        has_critic = bool(meta.get("has_critic", False))
-        if has_critic != (target.critic is not None):
-            raise CheckpointError(
-                f"checkpoint {self.step_dir(step)} (step {step}) "
-                f"{'holds' if has_critic else 'has no'} value model (rl.critic) but this run "
-                f"{'has none' if has_critic else 'has one'}; rl.critic.kind must match the run's"
-            )
-        abstract = {
-            "step": _abstract(target.step),
-            "params": self._abstract_params(step, meta, target),
-            "opt_state": jax.tree.map(_abstract, target.opt_state),
-        }
-        target_is_key = _is_key(target.rng)
-        if target_is_key != (meta["rng_impl"] is not None):
-            raise CheckpointError(
-                f"checkpoint {self.step_dir(step)} (step {step}) stored a "
-                f"{'typed' if meta['rng_impl'] else 'raw'} PRNG key; the target's key is "
-                f"{target.rng.dtype}"
-            )
-        rng_sharding = getattr(target.rng, "sharding", None)
-        rng_data = jax.eval_shape(jax.random.key_data, target.rng) if target_is_key else target.rng
-        abstract["rng"] = _abstract(
-            jax.ShapeDtypeStruct(rng_data.shape, rng_data.dtype, sharding=rng_sharding)
-        )
-        if meta["ref_saved"]:
-            abstract["ref_params"] = jax.tree.map(_abstract, target.ref_params)
-        if has_critic:
-            abstract["critic"] = jax.tree.map(_abstract, target.critic)
-        return abstract, target_is_key
-
-    def _abstract_params(self, step: int, meta: dict[str, Any], target: TrainState) -> Any:
-        """The restore target of the saved parameters: all of them, or a LoRA run's adapters
-        (its base then comes from `target`, which must hold it, loaded from the source)."""
-        has_lora = bool(meta.get("has_lora", False))
-        if has_lora != (lora_lib.adapters_of(target.params) is not None):
-            raise CheckpointError(
-                f"checkpoint {self.step_dir(step)} (step {step}) "
-                f"{'holds' if has_lora else 'has no'} LoRA adapters but this run's policy "
-                f"{'has none' if has_lora else 'has them'}; model.lora.rank must match the run's"
-            )
-        if not meta.get("adapters_only"):
-            return jax.tree.map(_abstract, target.params)
-        if not _is_concrete(lora_lib.without_adapters(target.params)):
-            raise CheckpointError(
-                f"checkpoint {self.step_dir(step)} (step {step}) holds LoRA adapters only; the "
-                f"target needs the base weights, loaded from {meta['ref_source']!r}"
-            )
-        return {"lora": jax.tree.map(_abstract, target.params.lora)}
 
     def _resolve_step(self, step: int | None) -> int:
         steps = self.all_steps()
@@ -534,49 +442,13 @@ class Checkpointer:
             )
         return meta
 
-    def _check_layout(self, step: int, abstract: dict[str, Any]) -> None:
-        """Compares the saved arrays' names, shapes and dtypes with the target's before reading
-        any data, so a mismatch is reported by leaf instead of deep inside the array store."""
-        path = self.step_dir(step)
-        try:
-            saved_tree = self._manager.item_metadata(step)[_STATE]
-            saved_tree = getattr(saved_tree, "tree", saved_tree)
-            if not saved_tree:
-                raise ValueError("no array metadata")
-            saved = {
-                leaf.name: (tuple(leaf.shape), np.dtype(leaf.dtype))
-                for leaf in jax.tree.leaves(saved_tree)
-            }
-        except Exception as e:
-            raise CorruptCheckpointError(
-                f"cannot read the array metadata of checkpoint {path} (step {step}): {_reason(e)}"
-            ) from e
-        wanted = {
-            _leaf_name(p): (tuple(x.shape), np.dtype(x.dtype))
-            for p, x in jax.tree_util.tree_flatten_with_path(abstract)[0]
-        }
-        problems = [f"{name} missing" for name in sorted(wanted.keys() - saved.keys())]
-        problems += [f"{name} unexpected" for name in sorted(saved.keys() - wanted.keys())]
-        problems += [
-            f"{name}: saved {saved[name][0]} {saved[name][1]}, target {want[0]} {want[1]}"
-            for name, want in sorted(wanted.items())
-            if name in saved and saved[name] != want
-        ]
-        if problems:
-            shown = "; ".join(problems[:5])
-            if len(problems) > 5:
-                shown += f"; ... {len(problems) - 5} more"
-            raise CheckpointError(
-                f"checkpoint {path} (step {step}) does not match the target state: {shown}"
-            )
-
     def _restore_items(self, step: int, args: dict[str, Any]) -> dict[str, Any]:
         self.wait()
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(**args))
         except Exception as e:
             raise CorruptCheckpointError(
-                f"cannot restore checkpoint {self.step_dir(step)} (step {step}): {_reason(e)}"
+                f"cannot restore checkpoint {self.step_dir(step)} (step {step}): {layout.reason(e)}"
             ) from e
         return {name: restored[name] for name in args}
 
@@ -618,14 +490,59 @@ class Checkpointer:
         Raises:
           CheckpointError: that save failed; the message names its step and directory, and the
             original error (e.g. an `OSError` for a full disk) is its `__cause__`. Raised once:
-            later calls see no save in flight.
+            later calls see no save in flight. Orbax's background threads of the failed save
+            are released first (`checkpoint_threads`), so none is left waiting for a step that
+            will never come and the process can exit.
         """
         try:
             self._manager.wait_until_finished()
         except Exception as e:
+            self._release_threads()
             step, self._saving = self._saving, None
             where = f"step {step} to {self.step_dir(step)}" if step is not None else "a step"
-            raise CheckpointError(f"saving {where} in {self.directory} failed: {_reason(e)}") from e
+            raise CheckpointError(
+                f"saving {where} in {self.directory} failed: {layout.reason(e)}"
+            ) from e
+        self._operations.clear()
+
+    def _release_threads(self, timeout_s: float = 10.0) -> None:
+        checkpoint_threads.release(self._operations, timeout_s)
+        self._operations.clear()
+
+    def complete_steps(self) -> list[int]:
+        """The steps of the complete checkpoints in the directory, read from its listing alone
+        (also after `abandon`): orbax renames a step into place only once it is complete."""
+        try:
+            names = [p.name for p in self.directory.iterdir()]
+        except OSError:
+            return []
+        return sorted(int(n) for n in names if n.isdigit())
+
+    def abandon(self, timeout_s: float = 30.0) -> None:
+        """Gives up a save in flight and releases the manager, waiting at most about `timeout_s`.
+
+        For stopping at once (a second Ctrl-C): the save in flight is cancelled (it may still
+        complete if its writes were done), its temporary directory is never read and is removed
+        by the next writer, and the complete checkpoints stay as they were. Errors are logged,
+        not raised. Nothing can be saved afterwards.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._release_threads(timeout_s)
+        done = threading.Event()
+
+        def close() -> None:
+            try:
+                self._manager.close()
+            except Exception as e:  # noqa: BLE001 - given up: reported, not raised
+                logging.warning("releasing %s after giving up its save: %r", self, e)
+            finally:
+                done.set()
+
+        threading.Thread(target=close, name="checkpoint-abandon", daemon=True).start()
+        if not done.wait(timeout_s):
+            logging.error("%s did not release its save within %.0f s; leaving it", self, timeout_s)
 
     def close(self) -> None:
         """Waits for the last save and releases the manager; a second call does nothing.
@@ -660,6 +577,9 @@ class Checkpointer:
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is None:
             self.close()
+            return
+        if issubclass(exc_type, KeyboardInterrupt):
+            self.abandon()
             return
         # The body's error is the one to see; a failed save is logged beside it, not instead.
         try:

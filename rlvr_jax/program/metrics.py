@@ -15,7 +15,9 @@ the programs compiled ahead and of the first step itself), wall-clock "time", th
 Every record is kept, so a training row and the final evaluation of the same step are two lines.
 Non-finite values are written as null (strict JSON) and counted. When a run resumes from a
 checkpoint, step rows past the restored step and the previous attempt's final evaluation are
-dropped, so the file describes one history.
+dropped, so the file describes one history; steps before it that have no rows (the file deleted
+or cut short) are named in a warning on the console, and the run goes on (`ledger.resume`).
+Reading and rewriting the file is `program.ledger`, whose names this module re-exports.
 
 Every file is written in the caller's thread, one append per step, so a full disk or a read-only
 directory stops the run at that step with one `MetricsWriteError` naming the path and the error,
@@ -28,32 +30,61 @@ import contextlib
 import json
 import logging
 import math
-import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 import jax
 import numpy as np
 
-from rlvr_jax.program import event_files
+from rlvr_jax.program import event_files, ledger
 from rlvr_jax.program.event_files import MetricsWriteError
+from rlvr_jax.program.ledger import (
+    EVAL,
+    FINAL,
+    METRICS_FILE,
+    RECORD,
+    RECORD_KINDS,
+    STARTUP,
+    STEP,
+    final_eval,
+    initial_eval,
+    read_metrics,
+    series,
+    step_rows,
+    truncate_metrics,
+)
 
-METRICS_FILE = "metrics.jsonl"
+__all__ = [
+    "EVAL",
+    "FINAL",
+    "METRICS_FILE",
+    "RECORD",
+    "RECORD_KINDS",
+    "ROLLOUT_TOKENS",
+    "STARTUP",
+    "STEP",
+    "STEP_TIME",
+    "TOKENS_PER_S",
+    "MetricsWriteError",
+    "MetricsWriter",
+    "StageTimer",
+    "final_eval",
+    "initial_eval",
+    "read_metrics",
+    "series",
+    "step_rows",
+    "tokens_per_second",
+    "truncate_metrics",
+]
+
 # Names the writer derives throughput from.
 STEP_TIME = "time/step"
 ROLLOUT_TOKENS = "rollout/tokens"
 TOKENS_PER_S = "throughput/tokens_per_s"
-# The kinds of record, in the "record" field of each line.
-STEP = "step"
-EVAL = "eval"
-FINAL = "final"
-STARTUP = "startup"
-RECORD_KINDS = (STEP, EVAL, FINAL, STARTUP)
-RECORD = "record"
 _RESERVED = ("step", RECORD, "time")
 
 # Console headline: (label, metric name, format).
@@ -170,126 +201,6 @@ def _scrub(name: str, value: Any, bad: list[str]) -> Any:
     return value
 
 
-def _parse(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The records of the ledger at `path` and its number of non-empty lines."""
-    lines = path.read_text(encoding="utf-8").split("\n")
-    records, raw_lines = [], 0
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        raw_lines += 1
-        try:
-            record = json.loads(line)
-            record["step"] = int(record["step"])
-            # Ledgers written before records had kinds hold training rows only as far as the
-            # reader can tell.
-            kind = record.setdefault(RECORD, STEP)
-            if kind not in RECORD_KINDS:
-                raise ValueError(f"unknown record kind {kind!r}")
-        except (ValueError, KeyError, TypeError) as e:
-            if i == len(lines) - 1:  # torn final write: no trailing newline after it
-                logging.warning("%s: ignoring an incomplete last line", path)
-                break
-            raise ValueError(f"{path}:{i + 1}: not a metrics entry ({e}): {line[:200]!r}") from e
-        records.append(record)
-    return records, raw_lines
-
-
-def read_metrics(workdir: str | Path) -> list[dict[str, Any]]:
-    """Every record of `workdir/metrics.jsonl`, in the order written.
-
-    Each record has "step", "record" (one of `RECORD_KINDS`; `STEP` where an older ledger has no
-    such field), "time" and the metrics. A torn last line (a crash mid-write) is ignored; a bad
-    line elsewhere is an error naming the file and line. No file: an empty list.
-    """
-    path = Path(workdir) / METRICS_FILE
-    if not path.exists():
-        return []
-    return _parse(path)[0]
-
-
-def step_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The training steps' rows of `records` (periodic evaluations included), in order."""
-    return [dict(r) for r in records if r.get(RECORD, STEP) == STEP]
-
-
-def initial_eval(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The evaluation before training (the last `EVAL` record), or None."""
-    found = [r for r in records if r.get(RECORD) == EVAL]
-    return dict(found[-1]) if found else None
-
-
-def final_eval(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The evaluation after training (the last `FINAL` record), or None (a run still going, or
-    one stopped before writing it)."""
-    found = [r for r in records if r.get(RECORD) == FINAL]
-    return dict(found[-1]) if found else None
-
-
-def series(
-    records: Sequence[Mapping[str, Any]], key: str, drop_missing: bool = False
-) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, values) of the scalar metric `key` over the records that hold it, as float64.
-
-    Args:
-      records: ledger records, in order.
-      key: the metric name.
-      drop_missing: leave out null (non-finite when written) and non-numeric values instead of
-        returning them as NaN (a plot wants the gap; a sum wants them gone).
-    """
-    steps, values = [], []
-    for r in records:
-        if key not in r:
-            continue
-        v = r[key]
-        number = isinstance(v, int | float) and not isinstance(v, bool)
-        if drop_missing and not number:
-            continue
-        steps.append(r["step"])
-        values.append(float(v) if number else math.nan)
-    return np.asarray(steps, np.float64), np.asarray(values, np.float64)
-
-
-def truncate_metrics(workdir: str | Path, after_step: int) -> int:
-    """Makes `workdir/metrics.jsonl` the history of a run restarting from `after_step`.
-
-    Drops the records with step > `after_step` and every `FINAL` record (the evaluation an
-    earlier attempt wrote when it stopped; the resumed run writes its own). `after_step=0` is a
-    fresh run: everything is dropped, the evaluation before training included, since that run
-    evaluates again. The file is rewritten through a temporary file and an atomic rename.
-
-    Returns:
-      How many lines were dropped (a torn last line counts).
-
-    Raises:
-      MetricsWriteError: the ledger cannot be read or rewritten (a full disk, a read-only
-        directory); the ledger is left as it was.
-    """
-    path = Path(workdir) / METRICS_FILE
-    try:
-        if not path.exists():
-            return 0
-        records, raw_lines = _parse(path)
-    except OSError as e:
-        raise event_files.write_error(path, e, "read") from e
-    kept = [r for r in records if after_step > 0 and r["step"] <= after_step and r[RECORD] != FINAL]
-    if len(kept) == raw_lines:
-        return 0
-    tmp = path.with_suffix(".jsonl.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for record in kept:
-                f.write(json.dumps(record, allow_nan=False) + "\n")
-        os.replace(tmp, path)
-    except OSError as e:
-        # A half-written copy would only take space the run is short of.
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        why = f" (dropping the records after step {after_step} on resume)"
-        raise event_files.write_error(path, e, "rewrite", why) from e
-    return raw_lines - len(kept)
-
-
 # ---------------------------------------------------------------------------------------------
 # The writer
 
@@ -331,15 +242,22 @@ class MetricsWriter:
       total_steps: the run's length, for the progress bar and the time remaining.
       resume_step: the step the run restarts from; the JSONL keeps the records up to it but not
         an earlier attempt's final evaluation (`truncate_metrics`), and TensorBoard hides its
-        events after it. 0 (a fresh run) drops any earlier history.
+        events after it. 0 (a fresh run) drops any earlier history. Steps up to it without a
+        row are named in a warning (`ledger.Resumed.warning`).
       wandb_project, wandb_name, wandb_config: passed to `wandb.init`; the run id is kept in
         `workdir/wandb_run_id` so a resumed run continues the same W&B run.
       stream: the console (default stdout). A terminal gets one self-overwriting progress line;
         anything else (a log file) one line per logging interval.
 
+    Attributes:
+      nonfinite: how many times each metric was written as null.
+      missing_eval: a resumed ledger without the evaluation before training (the caller may
+        write it again from the checkpoint).
+
     Raises:
       MetricsWriteError: from the constructor, `write`, `flush` and `close` when a file cannot be
         created or written.
+      ValueError: a resumed ledger with a damaged line before its last (named by file and line).
     """
 
     def __init__(
@@ -367,6 +285,7 @@ class MetricsWriter:
         self.log_every = log_every
         self.total_steps = total_steps
         self.nonfinite: Counter[str] = Counter()
+        self.missing_eval = False
         self._stream = stream if stream is not None else sys.stdout
         self._tty = bool(getattr(self._stream, "isatty", lambda: False)())
         self._jsonl: event_files.AppendFile | None = None
@@ -384,12 +303,17 @@ class MetricsWriter:
                 self.workdir.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise event_files.write_error(self.workdir, e, "create") from e
-            dropped = truncate_metrics(self.workdir, resume_step)
-            if dropped:
+            resumed = ledger.resume(self.workdir, resume_step)
+            self.missing_eval = resume_step > 0 and not resumed.has_eval
+            if resumed.dropped:
                 self._print(
-                    f"metrics: resuming from step {resume_step}: dropped {dropped} records "
-                    "written after it"
+                    f"metrics: resuming from step {resume_step}: dropped {resumed.dropped} "
+                    "records written after it"
                 )
+            gap = resumed.warning(self.workdir / METRICS_FILE)
+            if gap is not None:
+                logging.warning("%s", gap)
+                self._print(gap)
             self._jsonl = event_files.AppendFile(self.workdir / METRICS_FILE)
             if use_tensorboard:
                 self._tb = event_files.EventFile(

@@ -7,8 +7,14 @@ and an evaluator. `run_stage` does the rest the same way for all of them:
    start fresh, and open the metrics ledger at the restored step;
 2. evaluate before training (once: a resumed run keeps the first evaluation);
 3. loop: one step -> periodic evaluation -> one ledger row -> checkpoint (periodic, on a
-   termination signal, and at the last step); a SIGTERM/SIGINT stops after the step, saved;
-4. evaluate after training, as the ledger's "final" record.
+   termination signal, and at the last step); a SIGTERM or SIGINT stops after the step, saved,
+   and a second SIGINT at once, giving up a save in flight (`program.preemption`);
+4. wait for the last save, then evaluate after training, as the ledger's "final" record (not
+   after a stop signal: the resumed run evaluates when it ends).
+
+The workdir is locked while a run writes there (`program.workdir_lock`), so a second run on it
+is refused at once, naming the first one's pid. Every error leaves the ledger closed and orbax's
+background saving released, so the process can exit at once.
 
 The checkpoint's host item holds {"step", "data" (the sampler's state), "eval_before",
 "settings"}. A resume whose settings change what the checkpoint means (the group size, the data,
@@ -33,7 +39,7 @@ from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data import curriculum as curriculum_lib
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.program import checkpoint as ckpt_lib
-from rlvr_jax.program import compilation, preemption
+from rlvr_jax.program import compilation, preemption, workdir_lock
 from rlvr_jax.program import metrics as metrics_lib
 from rlvr_jax.program.settings import Settings, plain_settings, resume_differences, save_settings
 from rlvr_jax.rl.state import TrainState
@@ -204,13 +210,32 @@ def run_stage(
     """Runs `stage` to `stage.steps` in `workdir`, resuming from its last checkpoint (or from
     `resume_step`; newer checkpoints are then removed, and the ledger's later rows dropped).
 
+    The workdir is locked for the run (`workdir_lock`; the primary process of a multi-host run).
+    A SIGTERM or SIGINT stops the loop after its step, saved (`RunResult.steps` is then that
+    step, and there is no evaluation after training); a second SIGINT raises
+    `KeyboardInterrupt` at once, giving up the save in flight.
+
     Raises:
       ConfigError: resuming with settings that change the checkpoint's meaning (see the module
         docstring), unless `allow_changed_settings`.
       NonFiniteError: a step whose loss, gradient or update is not finite (nothing is saved).
+      WorkdirBusyError: another process holds the workdir.
     """
     compilation.COMPILES.install()
     workdir = Path(workdir)
+    with workdir_lock.hold(workdir, "training", enabled=jax.process_index() == 0):
+        return _run_locked(stage, settings, workdir, log, allow_changed_settings, resume_step)
+
+
+def _run_locked(
+    stage: Stage,
+    settings: Settings,
+    workdir: Path,
+    log: Callable[[str], None],
+    allow_changed_settings: bool,
+    resume_step: int | None,
+) -> RunResult:
+    preemption.loop_started()
     workdir.mkdir(parents=True, exist_ok=True)
     train = settings.train
     checkpointer = ckpt_lib.Checkpointer(
@@ -219,88 +244,54 @@ def run_stage(
         keep=train.keep_checkpoints,
         ref_source=stage.ref_source,
     )
-    evaluate = stage.evaluate
     guard = preemption.PreemptionGuard()
     writer = None
     try:
         state, host, start_step, writer = _resume(
             checkpointer, stage, settings, workdir, allow_changed_settings, resume_step, log
         )
-        data_state = stage.sampler.init(settings.data.seed)
-        compiled = lambda: None  # noqa: E731
-        ahead = settings.train.compile_ahead and start_step < stage.steps
-        if stage.precompile is not None and ahead:
-            ahead = stage.precompile
-            compiled = compilation.in_background(
-                lambda: ahead(state), f"the {stage.name} step", log
-            )
-        eval_before = None
-        if host is not None:
-            data_state = stage.sampler.load_state_dict(curriculum_lib.state_from_json(host["data"]))
-            eval_before = host.get("eval_before")
-        # Where this process's time to its first step goes, besides setting up.
-        phases = {"eval_before": 0.0}
-        start = time.perf_counter()
-        if evaluate is not None and eval_before is None:
-            eval_before = evaluate(state.params)
-            writer.write(0, eval_before, record="eval")
-            phases["eval_before"] = time.perf_counter() - start
-        if eval_before is not None:
-            log(f"held-out accuracy before {stage.name}: {eval_before['eval/accuracy']:.3f}")
-
-        start = time.perf_counter()
-        compiled()
-        phases["compile_wait"] = time.perf_counter() - start
+        data_state, eval_before, phases = _before_training(
+            stage, settings, state, host, start_step, writer, log
+        )
         guard.install()
-        step, history = start_step, []
-        saved_settings = plain_settings(settings)
-        while step < stage.steps:
-            start = time.perf_counter()
-            state, data_state, metrics = stage.step(state, data_state)
-            step += 1
-            if step == start_step + 1:  # this process's first step: what starting it cost
-                phases["first_step"] = time.perf_counter() - start
-                writer.write(step, _startup(log, phases), record=metrics_lib.STARTUP)
-            history.append(metrics)
-            bad = non_finite(metrics)
-            if bad:
-                writer.write(step, metrics)  # the failing step's row, for the post-mortem
-                last = checkpointer.latest_step()
-                raise NonFiniteError(
-                    f"step {step}: {', '.join(f'{k}={v}' for k, v in sorted(bad.items()))}; the "
-                    "update is not finite, so the run stops without saving its parameters (last "
-                    f"checkpoint: {'none' if last is None else f'step {last}'})"
-                )
-            periodic = train.eval_every and step % train.eval_every == 0 and step < stage.steps
-            if evaluate is not None and periodic:
-                metrics.update(evaluate(state.params))
-            writer.write(step, metrics)
-            host = {
-                "step": step,
-                "data": curriculum_lib.state_to_json(stage.sampler.state_dict(data_state)),
-                "eval_before": eval_before,
-                "settings": saved_settings,
-            }
-            stop = guard.should_stop()
-            if checkpointer.should_save(step) or stop or step == stage.steps:
-                checkpointer.save(step, state, host, force=True)
-            if stop:
-                log(f"stopping at step {step} on a termination signal; checkpoint saved")
-                break
-        eval_after = None if evaluate is None else evaluate(state.params)
+        state, step, history, stopped = _train(
+            stage,
+            settings,
+            _Progress(state, data_state, start_step, eval_before, phases),
+            checkpointer,
+            writer,
+            guard,
+            log,
+        )
+        # The handlers stay until the last save is on disk.
+        checkpointer.close()
     except BaseException as e:
         guard.uninstall()
         if writer is not None:
             writer.close()
-        # A failed background save is logged next to this error, not raised in its place.
+        # A failed background save is logged next to this error, not raised in its place; a
+        # second SIGINT gives up the save in flight.
         checkpointer.__exit__(type(e), e, e.__traceback__)
+        if isinstance(e, KeyboardInterrupt):
+            log(
+                f"interrupted by a second SIGINT: stopped at once, without saving the step in "
+                f"progress; complete checkpoints in {checkpointer.directory}: "
+                f"{checkpointer.complete_steps() or 'none'} (the same command resumes from the "
+                "newest)"
+            )
         raise
-    # The signal handlers stay until the last save is on disk.
-    checkpointer.close()
+    preemption.loop_ended(step, checkpointer.directory)
     guard.uninstall()
-    if eval_after is not None:
-        writer.write(step, eval_after, record="final")
-    writer.close()
+    with writer:
+        if stopped:
+            log(
+                f"stopped at step {step} by {guard.signal_name}: checkpoint step {step} is saved "
+                f"in {checkpointer.directory}; the same command resumes from it"
+            )
+            return RunResult(state, step, start_step, eval_before, None, history)
+        eval_after = None if stage.evaluate is None else stage.evaluate(state.params)
+        if eval_after is not None:
+            writer.write(step, eval_after, record="final")
     if eval_before is not None and eval_after is not None:
         log(
             f"held-out accuracy: before {eval_before['eval/accuracy']:.3f}, after "
@@ -308,3 +299,104 @@ def run_stage(
             f"{stage.eval_unit})"
         )
     return RunResult(state, step, start_step, eval_before, eval_after, history)
+
+
+def _before_training(
+    stage: Stage,
+    settings: Settings,
+    state: TrainState,
+    host: dict | None,
+    start_step: int,
+    writer: metrics_lib.MetricsWriter,
+    log: Callable[[str], None],
+) -> tuple[Any, dict | None, dict[str, float]]:
+    """The sampler's state, the evaluation before training (run once, or the checkpoint's) and
+    the seconds of the phases before the first step; the step's programs compile meanwhile."""
+    data_state = stage.sampler.init(settings.data.seed)
+    compiled = lambda: None  # noqa: E731
+    ahead = settings.train.compile_ahead and start_step < stage.steps
+    if stage.precompile is not None and ahead:
+        precompile = stage.precompile
+        compiled = compilation.in_background(
+            lambda: precompile(state), f"the {stage.name} step", log
+        )
+    eval_before = None
+    if host is not None:
+        data_state = stage.sampler.load_state_dict(curriculum_lib.state_from_json(host["data"]))
+        eval_before = host.get("eval_before")
+        if eval_before is not None and writer.missing_eval:
+            writer.write(0, eval_before, record=metrics_lib.EVAL)  # the ledger lost it
+    # Where this process's time to its first step goes, besides setting up.
+    phases = {"eval_before": 0.0}
+    start = time.perf_counter()
+    if stage.evaluate is not None and eval_before is None:
+        eval_before = stage.evaluate(state.params)
+        writer.write(0, eval_before, record=metrics_lib.EVAL)
+        phases["eval_before"] = time.perf_counter() - start
+    if eval_before is not None:
+        log(f"held-out accuracy before {stage.name}: {eval_before['eval/accuracy']:.3f}")
+    start = time.perf_counter()
+    compiled()
+    phases["compile_wait"] = time.perf_counter() - start
+    return data_state, eval_before, phases
+
+
+@dataclasses.dataclass
+class _Progress:
+    """Where the loop starts: the restored (or initial) state and what came before it."""
+
+    state: TrainState
+    data_state: Any
+    start_step: int
+    eval_before: dict | None
+    phases: dict[str, float]
+
+
+def _train(
+    stage: Stage,
+    settings: Settings,
+    at: _Progress,
+    checkpointer: ckpt_lib.Checkpointer,
+    writer: metrics_lib.MetricsWriter,
+    guard: preemption.PreemptionGuard,
+    log: Callable[[str], None],
+) -> tuple[TrainState, int, list[dict[str, Any]], bool]:
+    """The step loop: step, periodic evaluation, ledger row, checkpoint. Returns the state, the
+    step and the host metrics of each step it ran, and whether a stop signal (on any process)
+    ended it, saved, before `stage.steps`."""
+    train = settings.train
+    state, data_state, step, history = at.state, at.data_state, at.start_step, []
+    saved_settings = plain_settings(settings)
+    while step < stage.steps:
+        start = time.perf_counter()
+        state, data_state, metrics = stage.step(state, data_state)
+        step += 1
+        if step == at.start_step + 1:  # this process's first step: what starting it cost
+            at.phases["first_step"] = time.perf_counter() - start
+            writer.write(step, _startup(log, at.phases), record=metrics_lib.STARTUP)
+        history.append(metrics)
+        bad = non_finite(metrics)
+        if bad:
+            writer.write(step, metrics)  # the failing step's row, for the post-mortem
+            last = checkpointer.latest_step()
+            raise NonFiniteError(
+                f"step {step}: {', '.join(f'{k}={v}' for k, v in sorted(bad.items()))}; the "
+                "update is not finite, so the run stops without saving its parameters (last "
+                f"checkpoint: {'none' if last is None else f'step {last}'})"
+            )
+        periodic = train.eval_every and step % train.eval_every == 0 and step < stage.steps
+        if stage.evaluate is not None and periodic:
+            metrics.update(stage.evaluate(state.params))
+        writer.write(step, metrics)
+        host = {
+            "step": step,
+            "data": curriculum_lib.state_to_json(stage.sampler.state_dict(data_state)),
+            "eval_before": at.eval_before,
+            "settings": saved_settings,
+        }
+        stop = guard.should_stop()
+        if checkpointer.should_save(step) or stop or step == stage.steps:
+            checkpointer.save(step, state, host, force=True)
+        if stop:
+            return state, step, history, True
+    return state, step, history, False
