@@ -1,8 +1,15 @@
 """JSONL rows, read line by line as bytes so that one bad row never spoils the file.
 
-`read_rows` yields (line number, parsed row) or raises `MalformedRowError` per row with a reason
-(bad UTF-8, NUL bytes, a line over the size limit, JSON nested too deep, invalid JSON, a lone
-surrogate); the loaders count each reason with its line numbers and skip the row.
+`read_rows` yields (line number, parsed row) or (line number, `MalformedRowError`) per row with a
+reason (bad UTF-8, NUL bytes, a line over the size limit, JSON nested too deep, invalid JSON, a
+lone surrogate, a key twice in one object); the loaders count each reason with its line numbers
+and skip the row. A .gz file that ends before its end-of-stream marker (a truncated download or
+copy) yields its rows up to the damage and then one "truncated" error naming the file and the last
+line read ("bad_gzip" for compressed data that is damaged, or not gzip at all).
+
+Numbers are read exactly where a float cannot hold them: a JSON number whose decimal value the
+nearest float does not spell (`123456789012345678.0`, `0.1000000000000000000001`) parses as a
+`LiteralFloat`, a float that keeps its text, so that a gold answer is the number written.
 """
 
 from __future__ import annotations
@@ -10,7 +17,9 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import zlib
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -60,6 +69,40 @@ def nesting_depth(line: bytes) -> int:
     return int(np.cumsum(opens.astype(np.int64) - closes).max(initial=0))
 
 
+class LiteralFloat(float):
+    """A float parsed from a JSON number it cannot hold exactly; `literal` is the number's text."""
+
+    __slots__ = ("literal",)
+
+    def __new__(cls, literal: str) -> LiteralFloat:
+        value = super().__new__(cls, literal)
+        value.literal = literal
+        return value
+
+
+def _parse_float(literal: str) -> float:
+    value = float(literal)
+    if repr(value) == literal or Decimal(repr(value)) == Decimal(literal):
+        return value
+    return LiteralFloat(literal)
+
+
+_MAX_KEY_CHARS = 60  # of a duplicate key quoted in a message
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    row = dict(pairs)
+    if len(row) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                break
+            seen.add(key)
+        shown = repr(key if len(key) <= _MAX_KEY_CHARS else key[:_MAX_KEY_CHARS] + "...")
+        raise MalformedRowError("duplicate_key", f"the key {shown} appears twice in one object")
+    return row
+
+
 # A \uD800-\uDFFF escape: json.loads turns an unpaired one into a str that has no UTF-8 form, which
 # a tokenizer rejects long after loading.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
@@ -85,9 +128,11 @@ def parse_line(raw: bytes, number: int) -> Any:
                 "too_deep", f"arrays and objects nest {depth} deep, over the limit of {MAX_DEPTH}"
             )
     try:
-        row = json.loads(text)
+        row = json.loads(text, parse_float=_parse_float, object_pairs_hook=_object)
     except json.JSONDecodeError as e:
         return MalformedRowError("bad_json", f"invalid JSON ({e.msg} at column {e.colno})")
+    except MalformedRowError as e:  # from a hook
+        return e
     except RecursionError:  # after the depth check, only when called near the recursion limit
         return MalformedRowError("too_deep", "arrays and objects nest too deep to parse")
     except ValueError as e:  # an integer longer than Python converts (sys.get_int_max_str_digits)
@@ -107,21 +152,36 @@ def read_rows(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tupl
 
     The file is read as bytes and each line decoded alone, so a damaged line costs only itself;
     lines split at "\\n" only. A line over `max_line_bytes` is skipped without being held. A path
-    ending in ".gz" is read through gzip.
+    ending in ".gz" is read through gzip; where its data is truncated or damaged, the rows before
+    are yielded and then one error for the line that could not be read ("truncated",
+    "bad_gzip").
     """
     with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as f:
         number = 0
-        while raw := f.readline(max_line_bytes + 1):
-            number += 1
-            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-                size = len(raw) + skip_rest_of_line(f)
-                yield (
-                    number,
-                    MalformedRowError(
-                        "line_too_long",
-                        f"the line holds {size} bytes, over the limit of {max_line_bytes}",
-                    ),
-                )
-                continue
-            if raw.strip():  # JSON whitespace is ASCII; a blank line is not a row
-                yield number, parse_line(raw, number)
+        try:
+            while raw := f.readline(max_line_bytes + 1):
+                number += 1
+                if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                    size = len(raw) + skip_rest_of_line(f)
+                    yield (
+                        number,
+                        MalformedRowError(
+                            "line_too_long",
+                            f"the line holds {size} bytes, over the limit of {max_line_bytes}",
+                        ),
+                    )
+                    continue
+                if raw.strip():  # JSON whitespace is ASCII; a blank line is not a row
+                    yield number, parse_line(raw, number)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            yield number + 1, _damaged(path, number, e)
+
+
+def _damaged(path: Path, number: int, error: Exception) -> MalformedRowError:
+    if isinstance(error, EOFError):
+        return MalformedRowError(
+            "truncated",
+            f"{str(path)!r} ends before its end-of-stream marker (truncated?): the rows after "
+            f"line {number} are lost",
+        )
+    return MalformedRowError("bad_gzip", f"{str(path)!r} is damaged after line {number} ({error})")

@@ -7,6 +7,11 @@ Host code. Three sources:
 - `Tokenizer.from_sentencepiece(model_file)`: a raw sentencepiece model.
 
 `transformers` is imported only by the first two constructors (it takes seconds to import).
+
+A chat template is code from the model's directory. It renders in a jinja sandbox (transformers'
+own for Hugging Face backends), and `apply_chat_template` bounds it: past `CHAT_TEMPLATE_SECONDS`
+(an endless loop, a macro that recurses without end), or on Python's recursion limit, rendering
+stops with a `ChatTemplateError` naming the tokenizer the template came from.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +64,63 @@ _LLAMA3_SPLIT = (
 GGUF_PRE_TOKENIZERS = ("default", "gpt2", "smollm", "llama-bpe")
 
 Message = Mapping[str, Any]
+
+# A real chat template renders in milliseconds; rendering stops after this many seconds.
+CHAT_TEMPLATE_SECONDS = 10.0
+# The file name jinja gives the code it compiles a template to.
+_TEMPLATE_CODE = "<template>"
+
+
+class ChatTemplateError(ValueError):
+    """A chat template that does not render within its bounds; the message names its source."""
+
+
+class _OverrunError(BaseException):
+    """Raised inside a template's code once its time is up (not an `Exception`: nothing on
+    the way may swallow it and render on unbounded)."""
+
+
+def _bounded(render: Callable[[], str], source: str, limit_s: float) -> str:
+    """`render()`, stopped once the template's own code has run `limit_s` seconds.
+
+    The clock is checked on every line of the code jinja compiled the template to (a trace
+    function on this thread, chained to any other, e.g. a coverage tool's), so a loop or a
+    recursion inside the template cannot outrun it; library code it calls is not traced.
+    """
+    deadline = time.monotonic() + limit_s
+    previous = sys.gettrace()
+
+    def line(frame: Any, event: str, arg: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise _OverrunError
+        return line
+
+    def call(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename == _TEMPLATE_CODE:
+            return line(frame, event, arg)
+        return previous(frame, event, arg) if previous is not None else None
+
+    sys.settrace(call)
+    try:
+        return render()
+    except _OverrunError:
+        raise ChatTemplateError(
+            f"the chat template of {source} did not finish rendering within {limit_s:g} s (an "
+            "endless loop or a macro that recurses without end?); fix or replace it "
+            "(chat_template.jinja or tokenizer_config.json in the model directory) or pass "
+            "chat_template="
+        ) from None
+    except RecursionError:
+        raise ChatTemplateError(
+            f"the chat template of {source} recursed past Python's limit (a macro that calls "
+            "itself without end?); fix or replace it or pass chat_template="
+        ) from None
+    except (OverflowError, MemoryError) as e:
+        raise ChatTemplateError(
+            f"the chat template of {source} asked for too much: {type(e).__name__}: {e}"
+        ) from None
+    finally:
+        sys.settrace(previous)
 
 
 def _pre_tokenizer(pre: str, source: str) -> tokenizers.pre_tokenizers.PreTokenizer:
@@ -382,6 +446,8 @@ class Tokenizer:
 
         Raises:
           ValueError: when the tokenizer has no chat template.
+          ChatTemplateError: the template runs past `CHAT_TEMPLATE_SECONDS` or recurses without
+            end (see the module docstring).
         """
         if not self.chat_template:
             raise ValueError(
@@ -389,21 +455,23 @@ class Tokenizer:
                 "(tokenizer_config.json or chat_template.jinja) or pass `chat_template=`"
             )
         if self._sp is None:
-            return self._backend.apply_chat_template(
+            render = lambda: self._backend.apply_chat_template(  # noqa: E731
                 list(messages),
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 **kwargs,
             )
-        sp = self._sp
-        return _render_chat_template(
-            self.chat_template,
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=sp.id_to_piece(self.bos_id) if self.bos_id is not None else "",
-            eos_token=sp.id_to_piece(self.eos_ids[0]),
-            **kwargs,
-        )
+        else:
+            sp = self._sp
+            render = lambda: _render_chat_template(  # noqa: E731
+                self.chat_template,
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=sp.id_to_piece(self.bos_id) if self.bos_id is not None else "",
+                eos_token=sp.id_to_piece(self.eos_ids[0]),
+                **kwargs,
+            )
+        return _bounded(render, self._name(), CHAT_TEMPLATE_SECONDS)
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Writes the tokenizer to `directory` (created if needed).

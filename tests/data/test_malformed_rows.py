@@ -257,3 +257,42 @@ def test_demonstrations_loader_skips_the_same_lines(tmp_path):
     with pytest.raises(ValueError, match=r"all_bad\.jsonl.*every one of its 2 rows") as e:
         sft.load_demonstrations(bad)
     assert "bad_utf8" in str(e.value) and "too_deep" in str(e.value)
+
+
+def test_a_truncated_gzip_keeps_its_rows_and_names_the_damage(tmp_path, caplog):
+    import gzip
+
+    whole = gzip.compress(b"\n".join(_row(f"q{i}", str(i)) for i in range(200)) + b"\n")
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(whole[: len(whole) * 2 // 3])  # a download that stopped
+    examples, report = ds.load_jsonl("math500", path)
+    assert report.skipped == {"truncated": 1}
+    assert 0 < len(examples) < 200
+    assert [ex.answer for ex in examples] == [str(i) for i in range(len(examples))]
+    assert "truncated" in caplog.text and "cut.jsonl.gz" in caplog.text
+    rows = list(jsonl.read_rows(path))
+    assert isinstance(rows[-1][1], jsonl.MalformedRowError) and rows[-1][1].reason == "truncated"
+
+
+def test_a_key_twice_in_one_row_is_counted_and_skipped(tmp_path, caplog):
+    path = _write_bytes(
+        tmp_path / "dup.jsonl",
+        [_row("fine", "1"), b'{"problem": "q", "answer": "1", "answer": "2"}', _row("also", "3")],
+    )
+    examples, report = ds.load_jsonl("math500", path)
+    assert [ex.answer for ex in examples] == ["1", "3"] and report.skipped == {"duplicate_key": 1}
+    assert "duplicate_key: 1 (lines 2)" in caplog.text and "'answer'" in caplog.text
+
+
+def test_a_number_a_float_cannot_hold_is_the_gold_as_written(tmp_path):
+    path = _write_bytes(
+        tmp_path / "big.jsonl",
+        [
+            b'{"problem": "a", "answer": 123456789012345678.0}',
+            b'{"problem": "b", "answer": 0.1000000000000000000001}',
+            b'{"problem": "c", "answer": 27.0}',
+            b'{"problem": "d", "answer": 0.5}',
+        ],
+    )
+    answers = [ex.answer for ex in ds.load_jsonl("amc", path)[0]]
+    assert answers == ["123456789012345678", "0.1000000000000000000001", "27", "0.5"]

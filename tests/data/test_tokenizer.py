@@ -4,6 +4,7 @@ trips, and a sentencepiece model trained here."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import gguf as gguf_lib
@@ -13,6 +14,7 @@ import sentencepiece
 import tokenizers
 from transformers import AutoTokenizer
 
+from rlvr_jax.data import tokenizer as tokenizer_lib
 from rlvr_jax.data.tokenizer import Tokenizer, _bytes_to_unicode
 from rlvr_jax.model.gguf import embedded_model_path
 
@@ -281,3 +283,29 @@ def test_a_character_tokenizer_splits_line_breaks_too():
     text = "a\n\n\tb \n"
     ids = chars.encode(text)
     assert len(ids) == len(text) and chars.decode(ids) == text
+
+
+@pytest.mark.parametrize(
+    ("template", "match"),
+    [
+        # A loop the jinja sandbox allows (ranges up to 100k) nested without end in practice.
+        (
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "did not finish rendering within 0.5 s",
+        ),
+        ("{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}", "recursed past Python's limit"),
+    ],
+    ids=["endless_loop", "endless_recursion"],
+)
+def test_a_chat_template_that_never_ends_is_stopped_naming_its_source(
+    sp_model, monkeypatch, template, match
+):
+    monkeypatch.setattr(tokenizer_lib, "CHAT_TEMPLATE_SECONDS", 0.5)
+    tok = Tokenizer.from_sentencepiece(sp_model, chat_template=template)
+    with pytest.raises(tokenizer_lib.ChatTemplateError, match=match) as e:
+        tok.apply_chat_template(CONVERSATIONS[0])
+    assert "the chat template of sentencepiece(vocab_size=80)" in str(e.value)
+    # The bound leaves no trace function behind, and a good template renders afterwards.
+    assert sys.gettrace() is None or "coverage" in type(sys.gettrace()).__module__
+    good = Tokenizer.from_sentencepiece(sp_model, chat_template=SP_TEMPLATE)
+    assert good.apply_chat_template(CONVERSATIONS[0]).startswith("<s><|im_start|>")

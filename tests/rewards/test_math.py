@@ -171,7 +171,7 @@ def test_numeric_rule():
 
 EXTRACT = [
     ("The answer is \\boxed{42}.", "42"),
-    ("\\boxed{1} and then \\boxed{2}", "2"),
+    ("\\boxed{1} and then \\boxed{2}", None),  # two different final answers: none
     ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
     ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
     ("so $\\boxed{x^{2}}$.", "x^{2}"),
@@ -182,12 +182,14 @@ EXTRACT = [
     ("\\boxed{unclosed", None),
     ("#### 1,000", "1,000"),
     ("Natalia sold 48/2 = 24 clips.\n#### 72\n", "72"),
-    ("<answer>1</answer> <answer>2</answer>", "2"),
+    ("<answer>1</answer> <answer>2</answer>", None),
+    ("<answer>2</answer> <answer>2.0</answer>", "2.0"),  # they agree: the last
     ("<answer> \\boxed{7} </answer>", "7"),
     ("<think>so \\boxed{3}</think> <answer>5</answer>", "5"),
     ("<think><answer>9</answer></think> hence \\boxed{8}", "8"),
     ("<think>so \\boxed{3}</think> hence \\boxed{4}", "4"),
-    ("<think>only here \\boxed{3}</think>", "3"),
+    ("<think>only here \\boxed{3}</think>", None),  # never committed
+    ("<think>unclosed \\boxed{3}", "3"),  # no </think>: the whole response
     ("<answer>  </answer>", None),
     ("no answer at all", None),
     ("", None),
@@ -364,3 +366,33 @@ def test_pool_scores_math_and_reports_throughput(math_pool):
     checks = math_pool.stats.checks - checks
     seconds = math_pool.stats.seconds - seconds
     print(f"\nmath pool throughput: {checks / seconds:.0f} checks/s ({checks} checks, 2 workers)")
+
+
+# Answers that used to fool the verifier one way or the other: a hedge of several different
+# answers, an answer left in the thought, a sentence whose words were stripped as units, a big
+# integer compared as a float; and right answers it used to miss.
+VERDICTS = [
+    ("\\boxed{3} or \\boxed{4}", "4", 0.0),  # two different final answers: no credit
+    ("<answer>3</answer> <answer>4</answer>", "4", 0.0),
+    ("\\boxed{2 \\text{ or } 3}", "3", 0.0),
+    ("<think>so \\boxed{4}</think>", "4", 0.0),  # never committed outside the thought
+    ("\\boxed{5 \\text{ apples and 7 oranges}}", "5", 0.0),  # a sentence, not a unit
+    ("\\boxed{5 \\text{ cm}}", "5", 1.0),  # a unit is still stripped
+    ("\\boxed{1000000000000000000001}", "1000000000000000000000", 0.0),  # integers exactly
+    ("\\boxed{1000000000000000000000}", "1000000000000000000000", 1.0),
+    ("\\boxed{e^{i\\pi}}", "-1", 1.0),
+    ("\\boxed{\\sin^2 x + \\cos^2 x}", "1", 1.0),
+    ("\\boxed{0.\\overline{3}}", "\\frac{1}{3}", 1.0),
+    ("\\boxed{0.\\overline{142857}}", "\\frac{1}{7}", 1.0),
+    ("\\boxed{\\begin{pmatrix}1\\\\2\\end{pmatrix}}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}", 1.0),
+    ("\\boxed{\\begin{pmatrix}1\\\\3\\end{pmatrix}}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}", 0.0),
+    ("\\boxed{(1, 2]}", "(1,2]", 1.0),
+    ("\\boxed{[1, 2]}", "(1,2]", 0.0),  # a closed end is another interval
+    ("The final answer is 42.", "42", 1.0),  # a closing sentence without a box
+    ("Therefore, the answer is $\\frac{1}{2}$.", "\\frac{1}{2}", 1.0),
+]
+
+
+@pytest.mark.parametrize(("response", "gold", "reward"), VERDICTS)
+def test_verdicts_on_hedges_thoughts_and_forms(response, gold, reward):
+    assert math_reward.score(response, gold) == reward, (response, gold)
