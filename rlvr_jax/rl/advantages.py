@@ -7,9 +7,10 @@ baselines are functions of one group (`_*_G`), `vmap`ped over prompts; batch-lev
 (REINFORCE's baseline, batch std, REINFORCE++ whitening) are reductions over the whole array.
 
 A group whose rewards are all equal (all correct, all wrong, or any constant) carries no
-group-relative signal: every group-baseline estimator returns exactly zero advantage for it, and
-the fraction of such groups is reported, since it is the fraction of the batch that is wasted
-(DAPO's dynamic sampling exists to refill it).
+group-relative signal: every group-baseline estimator returns exactly zero advantage for it (but
+`whiten="verl"`, which reproduces verl's numbers, zeroes nothing), and the fraction of such groups
+is reported, since it is the fraction of the batch that is wasted (DAPO's dynamic sampling exists
+to refill it).
 
 Everything is computed in f32 and is jittable; the config is static (hashable).
 """
@@ -38,11 +39,15 @@ Estimator = Literal[
 StdScaling = Literal["group", "batch", "none"]
 StdKind = Literal["population", "sample"]
 WhitenOver = Literal["completions", "tokens"]
+Whiten = Literal["std_eps", "verl"]
 
 ESTIMATORS: tuple[str, ...] = get_args(Estimator)
 STD_SCALINGS: tuple[str, ...] = ("group", "batch", "none")
 STD_KINDS: tuple[str, ...] = ("population", "sample")
 WHITEN_OVER: tuple[str, ...] = ("completions", "tokens")
+WHITENS: tuple[str, ...] = get_args(Whiten)
+# verl's `masked_whiten` adds this to the variance, not to the std.
+VERL_WHITEN_EPS = 1e-8
 
 # What `std_scaling=None` resolves to, and which explicit values each estimator admits.
 _DEFAULT_STD: dict[str, str] = {
@@ -86,8 +91,9 @@ class AdvantageConfig:
           rewards is *not* zeroed here: it is compared with the batch, by definition.
         - "reinforce_pp_baseline": group mean subtracted, then the centred values whitened over
           the whole batch, `(a - mean_batch(a)) / (std_batch(a) + eps)` (REINFORCE++-baseline,
-          Hu et al. 2025). Its `std_scaling` is "batch", meaning this whitening, over
-          completions or over tokens (`whiten_over`).
+          Hu et al. 2025), a zero-variance group staying at zero. Its `std_scaling` is "batch",
+          meaning this whitening, over completions or over tokens (`whiten_over`).
+          `whiten="verl"` gives verl's advantages instead (see `whiten`).
         - "expert_iteration": 1 for a verified-correct completion, 0 otherwise: supervised
           fine-tuning on the model's own verified answers (expert iteration / rejection-sampling
           fine-tuning, Anthony et al. 2017; RAFT, Dong et al. 2023), the baseline RL is compared
@@ -112,26 +118,42 @@ class AdvantageConfig:
         divides by its own std).
         - "group": the std of the group's rewards (GRPO).
         - "batch": the std of all B x G rewards (group mean, batch std: Lite PPO, Liu et al.
-          2025, "Tricks or Traps"; TRL's `scale_rewards="batch"`). For reinforce_pp_baseline,
-          the std of the group-centred values, as its whitening prescribes. For gae (its
-          default), the advantages are whitened over the batch's tokens, mean and std, as
-          verl's `masked_whiten` does; "none" leaves them raw.
+          2025, "Tricks or Traps"). With `std_kind="sample"` and the default eps this is TRL's
+          `scale_rewards="batch"`: `(r - mean_group) / (std_sample(all r) + 1e-4)`. For
+          reinforce_pp_baseline, the std of the group-centred values, as its whitening
+          prescribes. For gae (its default), the advantages are whitened over the batch's
+          tokens, `(A - mean) / (std + eps)`, or as verl's GAE with `whiten="verl"`; "none"
+          leaves them raw.
         - "none": no division (dr_grpo, rloo, reinforce).
         dr_grpo admits only "none" and reinforce_pp_baseline only "batch"; anything else would
         be a different estimator and raises.
       std_kind: "population" (divide the squared deviations by n, as `np.std` and DeepSeekMath's
-        implementations) or "sample" (by n - 1, as `torch.std`, the default in TRL/verl).
+        implementations) or "sample" (by n - 1, as `torch.std`, which TRL and verl use). With
+        "sample", grpo is TRL's `scale_rewards="group"` at the default eps (1e-4) and verl's
+        GRPO (`compute_grpo_outcome_advantage`) at eps=1e-6, but where a group's rewards are
+        all equal: zero here, `(r - mean) / eps` there, which is rounding noise over eps.
       eps: added to the std before dividing; must be >= 0. A zero-variance group is zeroed
-        before any division, so eps=0 is safe.
+        before any division, so eps=0 is safe. Not used by `whiten="verl"`.
       pass_k: k of "pass_at_k", in [1, G].
       gamma, lam: GAE's discount and its lambda, each in [0, 1]. gamma = lam = 1 with zero
         values gives the Monte-Carlo return-to-go as the advantage.
       whiten_over: what the reinforce_pp_baseline whitening averages over. "completions": one
-        value each. "tokens": each completion's value counted once per generated token, as
-        verl's `masked_whiten` over the response mask does, so long completions weigh more in
-        the mean and the std (and the centred values no longer have mean zero). verl also
-        uses the sample variance and `rsqrt(var + 1e-8)`: set `std_kind="sample"` and
-        `eps=0` for the closest match; unlike verl, a zero-variance group still gets zero.
+        value each. "tokens": each completion's value counted once per generated token (the
+        weighting of verl's `masked_whiten` over the response mask), so long completions weigh
+        more in the mean and the std (and the centred values no longer have mean zero).
+      whiten: the whitening formula of reinforce_pp_baseline and of gae's "batch".
+        - "std_eps": `(x - mean) / (std + eps)`, the std of `std_kind`; under
+          reinforce_pp_baseline a zero-variance group (a group of one included) stays exactly
+          zero.
+        - "verl": verl's `masked_whiten` (verl/utils/torch_functional.py),
+          `(x - mean) * rsqrt(var + 1e-8)` over the tokens, var the sample variance (n - 1);
+          `std_kind` and `eps` do not apply. With reinforce_pp_baseline (and
+          `whiten_over="tokens"`, which it needs) the advantages are verl's
+          `compute_reinforce_plus_plus_baseline_outcome_advantage`'s: the group mean (0 for a
+          group of one, whose reward passes through) is subtracted and nothing is zeroed, so a
+          zero-variance group gets `-mean * rsqrt(var + 1e-8)`, the token-weighted mean being
+          nonzero. With gae they are verl's `compute_gae_advantage_return`'s. verl refuses a
+          batch of one token; here it gets zero.
     """
 
     estimator: Estimator = "grpo"
@@ -140,6 +162,7 @@ class AdvantageConfig:
     eps: float = 1e-4
     pass_k: int = 1
     whiten_over: WhitenOver = "completions"
+    whiten: Whiten = "std_eps"
     gamma: float = 1.0
     lam: float = 0.95
 
@@ -176,6 +199,29 @@ class AdvantageConfig:
                 f"std_scaling={self.std_scaling!r} contradicts estimator={self.estimator!r}, "
                 f"which admits only {allowed} (use estimator='grpo' for group-mean baselines "
                 "with another std scaling)"
+            )
+        self._check_whiten()
+
+    def _check_whiten(self):
+        if self.whiten not in WHITENS:
+            raise ValueError(f"whiten={self.whiten!r}; expected one of {WHITENS}")
+        if self.whiten != "verl":
+            return
+        if self.estimator == "gae":
+            if self.std_scaling != "batch":
+                raise ValueError(
+                    f"whiten='verl' whitens gae's advantages; std_scaling={self.std_scaling!r} "
+                    "leaves them raw"
+                )
+        elif self.estimator != "reinforce_pp_baseline":
+            raise ValueError(
+                f"whiten='verl' applies to estimator='reinforce_pp_baseline' or 'gae', not "
+                f"{self.estimator!r}"
+            )
+        elif self.whiten_over != "tokens":
+            raise ValueError(
+                "whiten='verl' with reinforce_pp_baseline is verl's whitening over the response "
+                f"tokens: set whiten_over='tokens' (not {self.whiten_over!r})"
             )
 
 
@@ -228,15 +274,19 @@ def zero_variance_groups(rewards_BG: Array) -> Array:
     return jnp.max(rewards_BG, axis=1) == jnp.min(rewards_BG, axis=1)
 
 
-def _weighted_whiten(x_BG: Array, w_BG: Array, kind: str, eps: float) -> Array:
-    """(x - mean) / std with each value counted `w` times (`whiten_over="tokens"`)."""
-    w_BG = w_BG.astype(jnp.float32)
-    n = jnp.sum(w_BG)
-    mean = jnp.sum(w_BG * x_BG) / jnp.maximum(n, 1.0)
-    var = jnp.sum(w_BG * jnp.square(x_BG - mean)) / jnp.maximum(n, 1.0)
-    if kind == "sample":
-        var = var * n / jnp.maximum(n - 1.0, 1.0)
-    return _scale(x_BG - mean, jnp.sqrt(var), eps)
+def _whiten(x: Array, w: Array, cfg: AdvantageConfig) -> Array:
+    """`x` whitened over the batch by `cfg.whiten`'s formula, each value counted `w` times
+    (1 per completion, its token count, or the token mask)."""
+    w = w.astype(jnp.float32)
+    n = jnp.sum(w)
+    mean = jnp.sum(w * x) / jnp.maximum(n, 1.0)
+    var = jnp.sum(w * jnp.square(x - mean)) / jnp.maximum(n, 1.0)
+    bessel = n / jnp.maximum(n - 1.0, 1.0)
+    if cfg.whiten == "verl":
+        return (x - mean) * jax.lax.rsqrt(var * bessel + VERL_WHITEN_EPS)
+    if cfg.std_kind == "sample":
+        var = var * bessel
+    return _scale(x - mean, jnp.sqrt(var), cfg.eps)
 
 
 def compute_advantages(
@@ -253,17 +303,19 @@ def compute_advantages(
       correct_BG: which completions count as correct for the all-correct / all-wrong fractions;
         defaults to `rewards_BG > 0`. It does not affect the advantages (but for pass_at_k,
         which is computed from it).
-      lengths_BG: generated tokens of each completion; needed by `whiten_over="tokens"`.
+      lengths_BG: the policy's generated tokens of each completion (a tool's injected output
+        excluded); needed by `whiten_over="tokens"`.
 
     Returns:
       adv_BG: the advantages; exactly zero for zero-variance groups under every group-baseline
-        estimator (all but "reinforce").
+        estimator (all but "reinforce"), unless `whiten="verl"`.
       stats: f32 scalars: "adv/frac_zero_variance", "adv/frac_all_correct",
         "adv/frac_all_wrong" (fractions of the B groups), "adv/mean", "adv/std", "adv/abs_max",
         "reward/mean", "reward/std" (population std over all B x G).
 
     Raises:
-      ValueError: rloo with G < 2, or a sample std over fewer than 2 values.
+      ValueError: rloo with G < 2, a sample std over fewer than 2 values, or
+        `whiten_over="tokens"` without `lengths_BG`.
     """
     if rewards_BG.ndim != 2:
         raise ValueError(f"rewards_BG must be (B, G); got shape {rewards_BG.shape}")
@@ -273,7 +325,10 @@ def compute_advantages(
         raise ValueError("estimator='gae' needs per-token values: use gae_advantages")
     if est == "rloo" and G < 2:
         raise ValueError(f"estimator='rloo' needs G >= 2 samples per prompt; got G={G}")
-    if cfg.std_kind == "sample" and scaling != "none":
+    verl = cfg.whiten == "verl"
+    if cfg.whiten_over == "tokens" and lengths_BG is None:
+        raise ValueError("whiten_over='tokens' needs lengths_BG")
+    if cfg.std_kind == "sample" and scaling != "none" and not verl:
         n = G if scaling == "group" else B * G
         if n < 2:
             raise ValueError(
@@ -295,20 +350,20 @@ def compute_advantages(
         adv_BG = r_BG - jnp.mean(r_BG)
     elif est == "rloo":
         adv_BG = jax.vmap(_leave_one_out_G)(r_BG)
+    elif verl:
+        # verl's baseline: the group mean, or 0 for a group of one; nothing is zeroed.
+        adv_BG = (r_BG - jnp.mean(r_BG, axis=1, keepdims=True)) if G > 1 else r_BG
     else:
         adv_BG = jax.vmap(_mean_baseline_G)(r_BG)
-    if est not in ("reinforce", "expert_iteration", "pass_at_k"):
+    if est not in ("reinforce", "expert_iteration", "pass_at_k") and not verl:
         # The mean of G equal floats is not always that float; force the exact zero.
         adv_BG = jnp.where(zero_var_B[:, None], 0.0, adv_BG)
 
     if est == "reinforce_pp_baseline":
-        if cfg.whiten_over == "tokens":
-            if lengths_BG is None:
-                raise ValueError("whiten_over='tokens' needs lengths_BG")
-            adv_BG = _weighted_whiten(adv_BG, lengths_BG, cfg.std_kind, cfg.eps)
-        else:
-            adv_BG = _scale(adv_BG - jnp.mean(adv_BG), _std(adv_BG, cfg.std_kind), cfg.eps)
-        adv_BG = jnp.where(zero_var_B[:, None], 0.0, adv_BG)
+        tokens = cfg.whiten_over == "tokens"
+        adv_BG = _whiten(adv_BG, lengths_BG if tokens else jnp.ones_like(adv_BG), cfg)
+        if not verl:
+            adv_BG = jnp.where(zero_var_B[:, None], 0.0, adv_BG)
     elif scaling == "group":
         std_B = jax.vmap(lambda r_G: _std(r_G, cfg.std_kind))(r_BG)
         adv_BG = _scale(adv_BG, std_B[:, None], cfg.eps)
@@ -399,26 +454,20 @@ def gae(
     return adv_NT, jnp.where(mask_NT, adv_NT + v_TN.T, 0.0)
 
 
-def masked_whiten(x_NT: Array, mask_NT: Array, kind: str, eps: float) -> Array:
-    """(x - mean) / (std + eps) over the positions on the mask; zero off it."""
-    m_NT = mask_NT.astype(jnp.float32)
-    n = jnp.maximum(jnp.sum(m_NT), 1.0)
-    mean = jnp.sum(m_NT * x_NT) / n
-    var = jnp.sum(m_NT * jnp.square(x_NT - mean)) / n
-    if kind == "sample":
-        var = var * n / jnp.maximum(n - 1.0, 1.0)
-    return jnp.where(mask_NT, _scale(x_NT - mean, jnp.sqrt(var), eps), 0.0)
+def masked_whiten(x_NT: Array, mask_NT: Array, cfg: AdvantageConfig) -> Array:
+    """`x` whitened over the positions on the mask by `cfg.whiten`'s formula; zero off it."""
+    return jnp.where(mask_NT, _whiten(x_NT, mask_NT, cfg), 0.0)
 
 
 def gae_advantages(
     rewards_NT: Array, values_NT: Array, mask_NT: Array, cfg: AdvantageConfig
 ) -> tuple[Array, Array, dict[str, Array]]:
-    """GAE advantages (whitened over the batch's tokens unless `std_scaling="none"`), the
-    return targets (from the raw advantages) and "adv/mean", "adv/std", "adv/abs_max" over the
-    tokens on the mask."""
+    """GAE advantages (whitened over the batch's tokens by `cfg.whiten` unless
+    `std_scaling="none"`), the return targets (from the raw advantages) and "adv/mean",
+    "adv/std", "adv/abs_max" over the tokens on the mask."""
     adv_NT, returns_NT = gae(rewards_NT, values_NT, mask_NT, cfg.gamma, cfg.lam)
     if cfg.std_scaling == "batch":
-        adv_NT = masked_whiten(adv_NT, mask_NT, cfg.std_kind, cfg.eps)
+        adv_NT = masked_whiten(adv_NT, mask_NT, cfg)
     m_NT = mask_NT.astype(jnp.float32)
     n = jnp.maximum(jnp.sum(m_NT), 1.0)
     mean = jnp.sum(m_NT * adv_NT) / n

@@ -49,8 +49,9 @@ KL_INS: tuple[str, ...] = ("loss", "reward")
 
 # k3 exponentiates the log ratio; a token the reference finds 1e-30 times less likely must not
 # turn into inf (and NaN gradients): here the log ratio is clamped to [-10, 10] and the value is
-# not. verl's low_var_kl (the "low_var_kl" estimator) clamps the log ratio to [-20, 20] and then
-# the value itself to [-10, 10], which also zeroes the gradient of tokens whose k3 exceeds 10.
+# not. verl's low_var_kl (the "low_var_kl" estimator, and the value of "k3_plus") clamps the log
+# ratio to [-20, 20] and then the value itself to [-10, 10], which also zeroes the gradient of
+# tokens whose k3 exceeds 10 (k3_plus takes its gradient from k2 instead).
 KL_LOG_RATIO_CLAMP = 10.0
 VERL_LOG_RATIO_CLAMP = 20.0
 VERL_VALUE_CLAMP = 10.0
@@ -115,9 +116,11 @@ class LossConfig:
         "Approximating KL divergence", with `d = log pi - log pi_ref`:
         "k1" = d (unbiased, high variance, may be negative), "k2" = d^2 / 2 (biased, low
         variance), "k3" = exp(-d) + d - 1 (unbiased, non-negative; the GRPO choice), with -d
-        clamped to [-10, 10]. "k3_plus": the value of k3 with the gradient of k2 (`d grad d`,
-        the gradient of the reverse KL in expectation, which k3's own gradient is not).
-        "low_var_kl": verl's k3, -d clamped to [-20, 20] and then the value to [-10, 10].
+        clamped to [-10, 10]. "low_var_kl": verl's k3 (`kl_penalty_forward`, verl's default
+        `kl_loss_type`), -d clamped to [-20, 20] and then the value to [-10, 10]. "k3_plus":
+        verl's "k3+" (`kl_penalty`'s straight-through): the value of low_var_kl with the
+        gradient of k2, `d grad d` unclamped (the gradient of the reverse KL in expectation,
+        which k3's own gradient is not).
       kl_beta: weight of the KL term; 0 disables it and the reference model is not needed.
       kl_in: "loss" adds `kl_beta * kl` per token to the loss (GRPO); "reward" subtracts the
         summed KL from each completion's reward before the advantages (PPO-RLHF, REINFORCE++;
@@ -225,24 +228,26 @@ def kl_penalty(logp_NT: Array, ref_logp_NT: Array, estimator: str) -> Array:
     Args:
       logp_NT: log pi of the sampled tokens.
       ref_logp_NT: log pi_ref of the same tokens.
-      estimator: "k1", "k2" or "k3" (see `LossConfig.kl_estimator`).
+      estimator: one of `KL_ESTIMATORS` (see `LossConfig.kl_estimator`).
     """
     d_NT = logp_NT.astype(jnp.float32) - ref_logp_NT.astype(jnp.float32)
     if estimator == "k1":
         return d_NT
     if estimator == "k2":
         return 0.5 * jnp.square(d_NT)
-    if estimator in ("k3", "k3_plus"):
+    if estimator == "k3":
         neg_d_NT = jnp.clip(-d_NT, -KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
-        k3_NT = jnp.exp(neg_d_NT) - neg_d_NT - 1.0
-        if estimator == "k3":
-            return k3_NT
-        k2_NT = 0.5 * jnp.square(d_NT)
-        return k2_NT + jax.lax.stop_gradient(k3_NT - k2_NT)
-    if estimator == "low_var_kl":
+        return jnp.exp(neg_d_NT) - neg_d_NT - 1.0
+    if estimator in ("low_var_kl", "k3_plus"):
         neg_d_NT = jnp.clip(-d_NT, -VERL_LOG_RATIO_CLAMP, VERL_LOG_RATIO_CLAMP)
         k3_NT = jnp.exp(neg_d_NT) - neg_d_NT - 1.0
-        return jnp.clip(k3_NT, -VERL_VALUE_CLAMP, VERL_VALUE_CLAMP)
+        low_var_NT = jnp.clip(k3_NT, -VERL_VALUE_CLAMP, VERL_VALUE_CLAMP)
+        if estimator == "low_var_kl":
+            return low_var_NT
+        # `k2 - sg(k2)` is exactly 0, so the value is exactly low_var_kl's even where k2 is huge
+        # (k2 + sg(value - k2) would round to the spacing of k2).
+        k2_NT = 0.5 * jnp.square(d_NT)
+        return k2_NT - jax.lax.stop_gradient(k2_NT) + jax.lax.stop_gradient(low_var_NT)
     raise ValueError(f"kl_estimator={estimator!r}; expected one of {KL_ESTIMATORS}")
 
 

@@ -243,8 +243,11 @@ def prepare_rows(
         r_BG = rewards_N.reshape(-1, G)
         group = adv_lib.group_stats(r_BG, r_BG > 0 if correct_BG is None else correct_BG)
         return rows, rewards_N, {**group, **adv_stats}
+    # Whitening over tokens counts the policy's own tokens, not a tool's injected output (as
+    # verl's response mask does).
+    policy_tokens_N = jnp.sum(rollout.mask_NT & ~rollout.injected_NT, axis=1)
     adv_BG, adv_stats = adv_lib.compute_advantages(
-        rewards_N.reshape(-1, G), rl.advantage, correct_BG, rollout.lengths_N.reshape(-1, G)
+        rewards_N.reshape(-1, G), rl.advantage, correct_BG, policy_tokens_N.reshape(-1, G)
     )
     adv_N = adv_BG.reshape(-1)
     if rl.advantage.estimator == "expert_iteration":

@@ -272,3 +272,162 @@ def test_reinforce_pp_whitening_over_tokens_weighs_long_completions():
         adv_lib.compute_advantages(rewards, tokens)
     with pytest.raises(ValueError, match="whiten_over='tokens' applies"):
         AdvantageConfig("grpo", whiten_over="tokens")
+
+
+# The peers' formulas, transcribed from their code: verl's `compute_*_advantage*` in
+# verl/trainer/ppo/core_algos.py with `masked_mean`, `masked_var` and `masked_whiten` of
+# verl/utils/torch_functional.py; TRL's `GRPOTrainer._generate_and_score_completions` with
+# `nanstd` of trl/trainer/utils.py. One row per completion, one column per token, as there.
+
+
+def _verl_masked_whiten(values_NT, mask_NT):
+    mask_NT = mask_NT.astype(np.float64)
+    mean = (values_NT * mask_NT).sum() / (mask_NT.sum() + 1e-8)
+    var = ((values_NT - mean) ** 2 * mask_NT).sum() / (mask_NT.sum() + 1e-8)
+    var = var * mask_NT.sum() / (mask_NT.sum() - 1)  # unbiased=True
+    return (values_NT - mean) / np.sqrt(var + 1e-8)
+
+
+def _verl_reinforce_pp_baseline(scores_N, mask_NT, index_N):
+    scores_N = scores_N.astype(np.float64).copy()
+    means = {}
+    for idx in set(index_N):
+        group = scores_N[index_N == idx]
+        means[idx] = 0.0 if len(group) == 1 else group.mean()
+    scores_N = scores_N - np.array([means[i] for i in index_N])
+    scores_NT = scores_N[:, None] * mask_NT
+    return _verl_masked_whiten(scores_NT, mask_NT) * mask_NT
+
+
+def _verl_gae(rewards_NT, values_NT, mask_NT, gamma, lam):
+    next_values, last = np.zeros(len(rewards_NT)), np.zeros(len(rewards_NT))
+    reversed_ = []
+    for t in reversed(range(rewards_NT.shape[1])):
+        delta = rewards_NT[:, t] + gamma * next_values - values_NT[:, t]
+        last_ = delta + gamma * lam * last
+        m = mask_NT[:, t]
+        next_values = values_NT[:, t] * m + (1 - m) * next_values
+        last = last_ * m + (1 - m) * last
+        reversed_.append(last)
+    adv_NT = np.stack(reversed_[::-1], axis=1)
+    return _verl_masked_whiten(adv_NT, mask_NT), adv_NT + values_NT
+
+
+def _rows_mask(lengths_BG, T):
+    return (np.arange(T)[None, :] < np.asarray(lengths_BG).reshape(-1, 1)).astype(np.float64)
+
+
+VERL_RPP = AdvantageConfig("reinforce_pp_baseline", whiten_over="tokens", whiten="verl")
+
+
+def test_reinforce_pp_baseline_verl_by_hand():
+    # Rewards (1, 0) and (1, 1) with lengths (2, 1) and (1, 3). verl: centred (0.5, -0.5) and
+    # (0, 0); over the 7 tokens the mean is (2 * 0.5 - 0.5) / 7 = 1/14, the sample variance
+    # (2 (3/7)^2 + (4/7)^2 + 4 (1/14)^2) / 6 = 5/42, so each value is (a - 1/14) sqrt(42/5):
+    # the all-correct group gets -sqrt(8.4)/14 = -0.207, not zero.
+    lengths = jnp.asarray([[2, 1], [1, 3]])
+    adv, _ = adv_lib.compute_advantages(
+        jnp.asarray([[1.0, 0.0], [1.0, 1.0]]), VERL_RPP, None, lengths
+    )
+    s = math.sqrt(8.4)
+    np.testing.assert_allclose(adv, [[3 / 7 * s, -4 / 7 * s], [-s / 14, -s / 14]], rtol=1e-5)
+    # The framework's own whitening keeps the zero-variance group at zero.
+    ours = AdvantageConfig("reinforce_pp_baseline", whiten_over="tokens")
+    adv, _ = adv_lib.compute_advantages(jnp.asarray([[1.0, 0.0], [1.0, 1.0]]), ours, None, lengths)
+    assert np.all(np.asarray(adv)[1] == 0.0)
+
+
+@pytest.mark.parametrize("G", [1, 4])
+def test_reinforce_pp_baseline_verl_equals_verls_formula(G):
+    rng = np.random.default_rng(G)
+    B, T = 5, 9
+    rewards = rng.integers(0, 3, size=(B, G)).astype(np.float32) * 0.1  # equal groups, 0.1s
+    rewards[0] = 0.1
+    if G > 1:
+        rewards[1] = rewards[1, 0]
+    lengths = rng.integers(0, T + 1, size=(B, G))
+    lengths[0, 0] = T
+    adv, _ = adv_lib.compute_advantages(jnp.asarray(rewards), VERL_RPP, None, jnp.asarray(lengths))
+    mask_NT = _rows_mask(lengths, T)
+    want_NT = _verl_reinforce_pp_baseline(rewards.reshape(-1), mask_NT, np.repeat(np.arange(B), G))
+    got_NT = np.asarray(adv).reshape(-1)[:, None] * mask_NT
+    np.testing.assert_allclose(got_NT, want_NT, rtol=1e-5, atol=1e-6)
+    assert np.abs(want_NT).max() > 0.5  # the comparison is not between zeros
+
+
+def test_gae_verl_whitening_equals_verls_gae():
+    rng = np.random.default_rng(0)
+    N, T = 4, 8
+    mask = _rows_mask([8, 5, 1, 6], T)
+    mask[0, 3] = mask[3, 1] = 0  # observation tokens inside a row
+    rewards = rng.normal(size=(N, T)) * mask
+    values = rng.normal(size=(N, T))
+    cfg = AdvantageConfig("gae", whiten="verl", gamma=0.9, lam=0.8)
+    adv, ret, _ = adv_lib.gae_advantages(
+        jnp.asarray(rewards, jnp.float32),
+        jnp.asarray(values, jnp.float32),
+        jnp.asarray(mask, bool),
+        cfg,
+    )
+    want_adv, want_ret = _verl_gae(rewards, values, mask, 0.9, 0.8)
+    on = mask.astype(bool)
+    np.testing.assert_allclose(np.asarray(adv)[on], want_adv[on], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(ret)[on], want_ret[on], rtol=1e-5, atol=1e-6)
+    assert np.all(np.asarray(adv)[~on] == 0.0)
+    # The default whitening divides by the population std + eps: close, not verl's.
+    default, _, _ = adv_lib.gae_advantages(
+        jnp.asarray(rewards, jnp.float32),
+        jnp.asarray(values, jnp.float32),
+        jnp.asarray(mask, bool),
+        AdvantageConfig("gae", gamma=0.9, lam=0.8),
+    )
+    assert np.abs(np.asarray(default)[on] - want_adv[on]).max() > 1e-3
+
+
+def _trl_advantages(rewards_BG, scale_rewards):
+    rewards = rewards_BG.reshape(-1).astype(np.float64)
+    G = rewards_BG.shape[1]
+    mean_grouped = np.repeat(rewards.reshape(-1, G).mean(axis=1), G)
+    if scale_rewards == "group":
+        std = np.repeat(rewards.reshape(-1, G).std(axis=1, ddof=1), G)
+    else:
+        std = np.full_like(rewards, rewards.std(ddof=1))
+    return ((rewards - mean_grouped) / (std + 1e-4)).reshape(rewards_BG.shape)
+
+
+def _verl_grpo(rewards_BG, epsilon=1e-6):
+    mean = rewards_BG.mean(axis=1, keepdims=True)
+    std = rewards_BG.std(axis=1, ddof=1, keepdims=True)
+    return (rewards_BG - mean) / (std + epsilon)
+
+
+def test_sample_std_grpo_and_batch_scaling_equal_trl_and_verl():
+    # TRL's "batch" by hand: (1, 1, 0, 0), (1, 1, 1, 0): all 8 rewards have mean 0.625 and
+    # sample variance (5 * 0.375^2 + 3 * 0.625^2) / 7 = 1.875 / 7.
+    r = np.array([[1, 1, 0, 0], [1, 1, 1, 0]], np.float32)
+    s = math.sqrt(1.875 / 7) + 1e-4
+    by_hand = [[0.5 / s, 0.5 / s, -0.5 / s, -0.5 / s], [0.25 / s] * 3 + [-0.75 / s]]
+    np.testing.assert_allclose(_trl_advantages(r, "batch"), by_hand, rtol=1e-12)
+    adv, _ = _adv(r, estimator="grpo", std_scaling="batch", std_kind="sample")
+    np.testing.assert_allclose(adv, by_hand, rtol=1e-6)
+    r = np.random.default_rng(0).normal(size=(6, 5)).astype(np.float32)
+    adv, _ = _adv(r, estimator="grpo", std_scaling="batch", std_kind="sample")
+    np.testing.assert_allclose(adv, _trl_advantages(r, "batch"), rtol=1e-5, atol=1e-6)
+    adv, _ = _adv(r, estimator="grpo", std_kind="sample")
+    np.testing.assert_allclose(adv, _trl_advantages(r, "group"), rtol=1e-5, atol=1e-6)
+    adv, _ = _adv(r, estimator="grpo", std_kind="sample", eps=1e-6)
+    np.testing.assert_allclose(adv, _verl_grpo(r.astype(np.float64)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(whiten="rsqrt"), "whiten='rsqrt'"),
+        (dict(estimator="grpo", whiten="verl"), "applies to"),
+        (dict(estimator="reinforce_pp_baseline", whiten="verl"), "whiten_over='tokens'"),
+        (dict(estimator="gae", std_scaling="none", whiten="verl"), "leaves them raw"),
+    ],
+)
+def test_whiten_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AdvantageConfig(**kwargs)

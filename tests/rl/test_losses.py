@@ -437,15 +437,32 @@ def test_sapo_soft_gate_value_and_gradient():
     )
 
 
-def test_k3_plus_has_k3s_value_and_k2s_gradient():
+def _verl_low_var_kl(logprob, ref_logprob):
+    """verl's `kl_penalty_forward(..., "low_var_kl")` (verl/trainer/ppo/core_algos.py)."""
+    kl = np.clip(ref_logprob - logprob, -20, 20)
+    return np.clip(np.exp(kl) - kl - 1, -10, 10)
+
+
+def test_k3_plus_is_verls_k3_plus():
+    # verl's "k3+" (`kl_penalty`): value low_var_kl's, gradient that of k2 = d^2 / 2, i.e. d.
     l2 = math.log(2.0)
-    logp, ref = jnp.asarray([l2, -l2]), jnp.zeros(2)
-    np.testing.assert_allclose(
-        losses.kl_penalty(logp, ref, "k3_plus"), losses.kl_penalty(logp, ref, "k3"), rtol=1e-6
-    )
-    grad = lambda est: jax.grad(lambda x: jnp.sum(losses.kl_penalty(x, ref, est)))(logp)  # noqa: E731
-    np.testing.assert_allclose(grad("k3_plus"), [l2, -l2], rtol=1e-6)  # d, as k2's
-    np.testing.assert_allclose(grad("k3"), [0.5, -1.0], rtol=1e-6)  # 1 - exp(-d)
+    d = np.array([l2, -l2, -2.0, 30.0, -30.0, -5.0, 1e4], np.float32)
+    ref = jnp.zeros(len(d))
+    # By hand: 0.5 + log 2 - 1, 2 - log 2 - 1, e^2 - 2 - 1; d = 30: -d clamps to -20 and
+    # e^-20 + 20 - 1 = 19 clamps to 10; d = -30: e^20 - 21 clamps to 10; d = -5: e^5 - 6 = 142
+    # clamps to 10; d = 1e4: 10, exactly (not rounded to the spacing of d^2 / 2 = 5e7).
+    by_hand = [l2 - 0.5, 1 - l2, math.exp(2) - 3, 10, 10, 10, 10]
+    np.testing.assert_allclose(_verl_low_var_kl(d.astype(np.float64), 0.0), by_hand, rtol=1e-6)
+    got = losses.kl_penalty(jnp.asarray(d), ref, "k3_plus")
+    np.testing.assert_allclose(got, by_hand, rtol=1e-6)
+    assert float(got[-1]) == 10.0
+    np.testing.assert_array_equal(got, losses.kl_penalty(jnp.asarray(d), ref, "low_var_kl"))
+    grad = lambda est: jax.grad(lambda x: jnp.sum(losses.kl_penalty(x, ref, est)))(jnp.asarray(d))  # noqa: E731
+    np.testing.assert_allclose(grad("k3_plus"), d, rtol=1e-6)  # d, k2's, unclamped
+    np.testing.assert_allclose(grad("k3")[:3], [0.5, -1.0, 1 - math.exp(2)], rtol=1e-6)
+    # Our k3 clamps only the log ratio: its value at d = -30 is e^10 - 11, not 10.
+    k3 = losses.kl_penalty(jnp.asarray(d), ref, "k3")
+    assert float(k3[4]) == pytest.approx(math.exp(10) - 11, rel=1e-6)
 
 
 def test_low_var_kl_is_verls_twice_clamped_k3():
@@ -454,6 +471,7 @@ def test_low_var_kl_is_verls_twice_clamped_k3():
     got = losses.kl_penalty(d, jnp.zeros(4), "low_var_kl")
     # -d clamped to [-20, 20], then the value to [-10, 10].
     np.testing.assert_allclose(got, [l2 - 0.5, 10.0, 10.0, 10.0], rtol=1e-6)
+    np.testing.assert_allclose(got, _verl_low_var_kl(np.asarray(d, np.float64), 0.0), rtol=1e-6)
     g = jax.grad(lambda x: jnp.sum(losses.kl_penalty(x, jnp.zeros(4), "low_var_kl")))(d)
     np.testing.assert_allclose(g, [0.5, 0.0, 0.0, 0.0], atol=1e-6)  # clamped values: no gradient
     # Ours keeps -15's value and gradient (log ratio clamp at 10 only).
