@@ -63,8 +63,6 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from rlvr_jax import sampling  # noqa: E402
 from rlvr_jax.model import lora as lora_lib  # noqa: E402
 from rlvr_jax.model import sharding  # noqa: E402
 from rlvr_jax.model.config import PRESETS  # noqa: E402
@@ -73,6 +71,8 @@ from rlvr_jax.rl import memory as memory_lib  # noqa: E402
 from rlvr_jax.rl import sharding_plan  # noqa: E402
 from rlvr_jax.rl import state as state_lib  # noqa: E402
 from rlvr_jax.rl import train_step as ts  # noqa: E402
+from rlvr_jax.sampling.config import SamplerConfig
+from rlvr_jax.types import Rollout
 
 GiB = 1 << 30
 HBM = 16 * GiB  # one TPU v5e chip
@@ -90,9 +90,9 @@ def _abstract(tree, shardings):
     )
 
 
-def _rollout_shapes(N: int, P: int, T: int) -> sampling.Rollout:
+def _rollout_shapes(N: int, P: int, T: int) -> Rollout:
     s = jax.ShapeDtypeStruct
-    return sampling.Rollout(
+    return Rollout(
         prompt_NP=s((N, P), jnp.int32),
         prompt_lengths_N=s((N,), jnp.int32),
         tokens_NT=s((N, T), jnp.int32),
@@ -143,7 +143,7 @@ def measure(
         dtype="bfloat16", param_dtype="bfloat16", remat=remat, attention=attention
     )
     cfg = cfg.replace(max_position_embeddings=max(cfg.max_position_embeddings, prompt + length))
-    sampler = sampling.SamplerConfig(max_new_tokens=length, eos_ids=(0,), layer_loop="scan")
+    sampler = SamplerConfig(max_new_tokens=length, eos_ids=(0,), layer_loop="scan")
     rl = ts.RLConfig(
         group_size=G,
         sampler=sampler,

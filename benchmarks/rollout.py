@@ -3,8 +3,8 @@
     python benchmarks/rollout.py            # N=256 tiny rows, SmolLM2 at 32 rows, 3 runs each
     python benchmarks/rollout.py --quick    # N=128 tiny rows, SmolLM2 at 16 rows, 2 runs each
 
-Both sides run in this process on the same rows and the same key: `sampling.generate` (every row
-decodes until the longest ends) and `sampling.generate_continuous` with fewer decode slots than
+Both sides run in this process on the same rows and the same key: `generate` (every row
+decodes until the longest ends) and `generate_continuous` with fewer decode slots than
 rows (a slot takes the next queued row when its row ends). They emit the same rollout, which the
 script asserts. Each cell is the median wall time of a few runs after compilation, the sides
 alternating, prefill included; caches are reused (donated) on both sides.
@@ -45,9 +45,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from rlvr_jax import sampling  # noqa: E402
 from rlvr_jax.model import transformer  # noqa: E402
 from rlvr_jax.model.config import PRESETS, ModelConfig  # noqa: E402
+from rlvr_jax.sampling.config import SamplerConfig, sampling_params
+from rlvr_jax.sampling.continuous import generate_continuous, static_stats, summarize
+from rlvr_jax.sampling.host import bucket_and_pad
+from rlvr_jax.sampling.loop import generate, init_decode_cache
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
 
@@ -92,7 +95,7 @@ def tiny_rows(N: int, T: int, P: int, seed: int) -> tuple[np.ndarray, np.ndarray
     for n in range(N):
         body = rng.integers(T + 2, 512, size=rng.integers(1, P)).tolist()
         prompts.append([*body, int(want[n])])
-    prompt, lengths = sampling.bucket_and_pad(prompts, (P,), pad_id=0)
+    prompt, lengths = bucket_and_pad(prompts, (P,), pad_id=0)
     return prompt, lengths, want
 
 
@@ -128,7 +131,7 @@ def smollm_rows(N: int, P: int, seed: int):
         for q in questions
     ]
     ids = [x[-P:] for x in ids]
-    prompt, lengths = sampling.bucket_and_pad(ids, (P,), pad_id=tok.pad_id)
+    prompt, lengths = bucket_and_pad(ids, (P,), pad_id=tok.pad_id)
     source = "arithmetic + GSM8K" if long else "arithmetic (no GSM8K file)"
     return params, cfg, tok, prompt, lengths, source
 
@@ -141,19 +144,19 @@ def timed(params, cfg, scfg, prompt_NP, lengths_N, sp, num_slots: int | None) ->
     """
     N, P = prompt_NP.shape
     rows = N if num_slots is None else num_slots
-    state = {"cache": sampling.init_decode_cache(cfg, scfg, rows, P)}
+    state = {"cache": init_decode_cache(cfg, scfg, rows, P)}
     key = jax.random.key(0)  # the same key on both sides: the same rollout
 
     def run():
         t0 = time.perf_counter()
         if num_slots is None:
-            r, state["cache"] = sampling.generate(
+            r, state["cache"] = generate(
                 params, prompt_NP, lengths_N, key, sp, state["cache"], model_cfg=cfg, cfg=scfg
             )
             jax.block_until_ready(r)
             seconds = time.perf_counter() - t0
-            return seconds, r, sampling.static_stats(np.asarray(r.lengths_N))
-        r, stats, state["cache"] = sampling.generate_continuous(
+            return seconds, r, static_stats(np.asarray(r.lengths_N))
+        r, stats, state["cache"] = generate_continuous(
             params,
             prompt_NP,
             lengths_N,
@@ -217,7 +220,7 @@ def compare(name, params, cfg, scfg, prompt, lengths, sp, slots, repeats, forced
     rows = []
     base = float(np.median(times[None]))
     for m, (r, stats) in last.items():
-        s = sampling.summarize(stats, r.lengths_N)
+        s = summarize(stats, r.lengths_N)
         wall = float(np.median(times[m]))
         label = "static" if m is None else "continuous"
         slots_used = len(prompt) if m is None else m
@@ -229,8 +232,8 @@ def tiny_workload(N: int, T: int, slots: tuple[int, ...], repeats: int) -> list:
     """(a): the forced-length tiny model, plain sampling at temperature 1."""
     params, cfg, end = forced_length_model(T)
     prompt, lengths, forced = tiny_rows(N, T, 32, seed=0)
-    scfg = sampling.SamplerConfig(max_new_tokens=T, eos_ids=(end,))
-    sp = sampling.sampling_params(N)
+    scfg = SamplerConfig(max_new_tokens=T, eos_ids=(end,))
+    sp = sampling_params(N)
     name = "tiny, forced lognormal lengths"
     return compare(name, params, cfg, scfg, prompt, lengths, sp, slots, repeats, forced=forced)
 
@@ -238,8 +241,8 @@ def tiny_workload(N: int, T: int, slots: tuple[int, ...], repeats: int) -> list:
 def smollm_workload(N: int, T: int, slots: tuple[int, ...], repeats: int) -> list:
     """(b): SmolLM2-135M on chat prompts, sampling at temperature 0.7."""
     params, cfg, tok, prompt, lengths, source = smollm_rows(N, 128, seed=0)
-    scfg = sampling.SamplerConfig(max_new_tokens=T, eos_ids=tok.eos_ids, pad_id=0)
-    sp = sampling.sampling_params(N, temperature=0.7)
+    scfg = SamplerConfig(max_new_tokens=T, eos_ids=tok.eos_ids, pad_id=0)
+    sp = sampling_params(N, temperature=0.7)
     name = f"SmolLM2-135M, {source}"
     return compare(name, params, cfg, scfg, prompt, lengths, sp, slots, repeats)
 

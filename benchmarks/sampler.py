@@ -38,9 +38,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from rlvr_jax import sampling  # noqa: E402
 from rlvr_jax.model import decode, hf, transformer  # noqa: E402
 from rlvr_jax.model.config import PRESETS, ModelConfig  # noqa: E402
+from rlvr_jax.sampling.config import SamplerConfig, sampling_params
+from rlvr_jax.sampling.loop import generate, init_decode_cache
 
 PROMPT_LEN = 64
 NEW_TOKENS = 128
@@ -86,15 +87,15 @@ def hf_model(params: transformer.Params, cfg: ModelConfig, directory: str) -> to
 def ours(params, cfg, prompt_NP, T, **sampler_kw) -> Callable[[], float]:
     """A timed call of the jitted sampler, compiled on creation; the cache is reused (donated)."""
     N, P = prompt_NP.shape
-    scfg = sampling.SamplerConfig(max_new_tokens=T, **sampler_kw)
+    scfg = SamplerConfig(max_new_tokens=T, **sampler_kw)
     lengths = np.full((N,), P, np.int32)
-    sp = sampling.sampling_params(N)
-    state = {"cache": sampling.init_decode_cache(cfg, scfg, N, P), "seed": 0}
+    sp = sampling_params(N)
+    state = {"cache": init_decode_cache(cfg, scfg, N, P), "seed": 0}
 
     def run() -> float:
         state["seed"] += 1
         t0 = time.perf_counter()
-        r, state["cache"] = sampling.generate(
+        r, state["cache"] = generate(
             params,
             prompt_NP,
             lengths,
@@ -200,7 +201,7 @@ def main() -> None:
             }
             m = medians(fns, args.repeats, args.budget_s)
             step = (m["ours"][0] - m["prefill"][0]) / (NEW_TOKENS - 1)
-            slots = mean_slots_read(sampling.SamplerConfig(1).attention_chunk)  # the default
+            slots = mean_slots_read(SamplerConfig(1).attention_chunk)  # the default
             moved = weight_bytes + kv_bytes_read(cfg, N, slots)
             tps = lambda seconds, N=N: N * NEW_TOKENS / seconds
             rows.append(

@@ -6,8 +6,8 @@ launch), for the tiny GRPO config and the SmolLM2 demo.
 
 Each launch is `python -m rlvr_jax.main --config=<config> --config.train.steps=1` in a fresh
 process and a fresh workdir; the figures come from the metrics ledger's "startup" record (see
-`program/compilation.py`): seconds from the start of `main` to the end of the first step (the
-evaluation before training included), seconds spent compiling, programs compiled and programs
+`program/runtime/compilation.py`): seconds from the start of `main` to the end of the first step
+(the evaluation before training included), seconds spent compiling, programs compiled and programs
 read back from the cache. A cold launch gets an empty cache directory; the warm launch after it
 reuses that directory. Cold and warm launches alternate, and the table gives medians and the
 cold / warm ratio. The weight cache (`model/weight_cache.py`) follows the compile cache: a cold
@@ -50,7 +50,7 @@ CONFIGS = {
     "tiny_host": ("configs/tiny.py", "--config.reward.verifier=math"),
     "demo": ("configs/demo.py",),
 }
-# The startup record's phases (`program/run.py`); the set-up is what they leave.
+# The startup record's phases (`program/runtime/run.py`); the set-up is what they leave.
 PHASES = ("eval_before", "compile_wait", "first_step")
 LOAD_KINDS = ("off", "cold", "warm")
 # Run in a fresh interpreter: prints the seconds of each phase as one JSON line.

@@ -50,7 +50,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlvr_jax import sampling
 from rlvr_jax.data import tokenizer as tokenizer_lib
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import hf, loading
@@ -58,6 +57,9 @@ from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.rl import losses
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
+from rlvr_jax.sampling.config import SamplerConfig
+from rlvr_jax.sampling.host import bucket_and_pad
+from rlvr_jax.types import Rollout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,7 +237,7 @@ def make_digit_reward(digits: Sequence[int], vocab_size: int) -> ts.RewardFn:
     table_V[list(digits)] = True
     table_V = jnp.asarray(table_V)
 
-    def reward_fn(rollout: sampling.Rollout, targets) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def reward_fn(rollout: Rollout, targets) -> tuple[jax.Array, dict[str, jax.Array]]:
         del targets
         hit_NT = table_V[rollout.tokens_NT] & rollout.mask_NT
         frac_N = jnp.sum(hit_NT, axis=1) / jnp.maximum(jnp.sum(rollout.mask_NT, axis=1), 1)
@@ -248,9 +250,7 @@ def make_digit_reward(digits: Sequence[int], vocab_size: int) -> ts.RewardFn:
 def _ours_setup(task: Task, args):
     """Our settings matching TRL's, the reward, the step batches and a fresh train state."""
     s = task.sizes
-    sampler = sampling.SamplerConfig(
-        max_new_tokens=s.new_tokens, eos_ids=(), pad_id=task.tokenizer.pad_id
-    )
+    sampler = SamplerConfig(max_new_tokens=s.new_tokens, eos_ids=(), pad_id=task.tokenizer.pad_id)
     rl = ts.RLConfig(
         group_size=s.group,
         sampler=sampler,
@@ -265,7 +265,7 @@ def _ours_setup(task: Task, args):
     reward_fn = make_digit_reward(task.digit_ids, task.cfg.vocab_size)
     batches = []
     for i in range(len(task.prompts) // s.batch):
-        prompt_NP, lengths_N = sampling.bucket_and_pad(
+        prompt_NP, lengths_N = bucket_and_pad(
             task.prompts[i * s.batch : (i + 1) * s.batch],
             [s.prompt_len],
             task.tokenizer.pad_id,

@@ -25,11 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlvr_jax import sampling
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import transformer as tf
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
+from rlvr_jax.sampling.config import SamplerConfig
 from rlvr_jax.types import Rollout
 
 # (preset, B prompts, G samples, P prompt tokens, T generated tokens)
@@ -68,7 +68,7 @@ def _measure(name: str, repeats: int, steps: int) -> dict[str, dict[str, list[fl
     rollout = _rollout(B, G, P, T, cfg.vocab_size)
     rewards = np.asarray(np.arange(B * G) % 2, np.float32)
     parts = {"correct": rewards}
-    sampler = sampling.SamplerConfig(max_new_tokens=T)
+    sampler = SamplerConfig(max_new_tokens=T)
     out: dict[str, dict[str, list[float]]] = {}
     for _ in range(repeats):
         for shared in (True, False):

@@ -3,8 +3,8 @@
   python -m rlvr_jax.ablate --config=configs/ablation.py --workdir=W [--platform=cpu]
 
 The config is a training config plus an `ablation` section (variants, seeds, the Kimi length
-weight, an optional supervised warm start); `program.ablation` documents it and runs the study.
-Under W: `runs/<variant>/seed_<s>/` (a rerun skips finished runs), `ablation.md` (the table),
+weight, an optional supervised warm start); `program.studies.ablation` documents it and runs the
+study. Under W: `runs/<variant>/seed_<s>/` (a rerun skips finished runs), `ablation.md` (the table),
 `summary.json` and `plots/*.png`.
 """
 
@@ -16,7 +16,8 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rlvr_jax.program import ablation, compilation
+from rlvr_jax.program.runtime import compilation
+from rlvr_jax.program.studies import ablation
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Ablation config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the runs, table and plots go.")

@@ -17,12 +17,12 @@ pass@k is the unbiased estimator of Chen et al. (2021) over n samples per prompt
 `--out` or `<workdir>/eval/<data>[-step<N>].json`, and a table to the console.
 
 Writing into a run's workdir (the default `--out`; with `--config`, `runs/<config name>`) takes the
-workdir's lock (`program.workdir_lock`) for the whole evaluation: while a trainer runs there the
-command refuses at once, naming its pid, with exit status 2. With `--out` outside the workdir it
+workdir's lock (`program.runtime.workdir_lock`) for the whole evaluation: while a trainer runs there
+the command refuses at once, naming its pid, with exit status 2. With `--out` outside the workdir it
 only reads the checkpoints and takes no lock, so a running trainer's checkpoints can be evaluated.
 
 `--think_budgets=6,12,24` adds Qwen3's accuracy-against-thinking-budget curve
-(`program.thinking_budget`): greedy accuracy, the early-end rate (the share of thoughts the
+(`program.evals.thinking_budget`): greedy accuracy, the early-end rate (the share of thoughts the
 budget ended), length and truncation at each budget, with the sampler's think tokens or, where
 the settings set none, "<think>" and "</think>" as the tokenizer encodes them. `--template`
 evaluates under another prompt template (e.g. "qwen3_non_thinking", or a "/no_think" flag).
@@ -39,14 +39,9 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rlvr_jax.program import (
-    build,
-    compilation,
-    config_file,
-    evaluation,
-    thinking_budget,
-    workdir_lock,
-)
+from rlvr_jax.program.evals import evaluation, thinking_budget
+from rlvr_jax.program.parts import build
+from rlvr_jax.program.runtime import compilation, config_file, workdir_lock
 from rlvr_jax.program.settings import settings_from_config
 
 config_file.guard(

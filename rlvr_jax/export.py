@@ -5,8 +5,8 @@
 
 It reads the run's settings (`<workdir>/settings.json`), rebuilds the train state's layout without
 loading any weights, restores the newest readable (or the named) checkpoint into it
-(`program.build.restore_policy`; an unreadable newer checkpoint is skipped with a warning), and
-writes config.json, safetensors and the tokenizer files (`model.hf.save_hf`). A LoRA run's
+(`program.parts.build.restore_policy`; an unreadable newer checkpoint is skipped with a warning),
+and writes config.json, safetensors and the tokenizer files (`model.hf.save_hf`). A LoRA run's
 adapters are merged into the weights, or with `--adapter` written alone as a PEFT adapter
 directory over `model.source` (`model.lora_export.save_peft_adapter`).
 
@@ -15,7 +15,7 @@ and renamed into its place, so no file of the old one (an old shard or shard ind
 would prefer) remains.
 
 With `--out` inside the workdir (e.g. `<workdir>/hf`) the export writes into the run's directory
-and takes its lock (`program.workdir_lock`): while a trainer runs there it refuses at once,
+and takes its lock (`program.runtime.workdir_lock`): while a trainer runs there it refuses at once,
 naming the trainer's pid, with exit status 2. An `--out` elsewhere only reads the checkpoints and
 takes no lock.
 """
@@ -31,9 +31,9 @@ from absl import app, flags, logging
 
 from rlvr_jax.model import hf, lora_export
 from rlvr_jax.model import lora as lora_lib
-from rlvr_jax.program import workdir_lock
-from rlvr_jax.program.build import restore_policy
-from rlvr_jax.program.checkpoint import CheckpointError
+from rlvr_jax.program.parts.build import restore_policy
+from rlvr_jax.program.runtime import workdir_lock
+from rlvr_jax.program.runtime.checkpoint import CheckpointError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir.", required=True)
 _OUT = flags.DEFINE_string("out", None, "The Hugging Face directory to write.", required=True)

@@ -35,7 +35,8 @@ from rlvr_jax.data.tokenizer import Tokenizer, load_tokenizer
 from rlvr_jax.envs import single_turn
 from rlvr_jax.envs.task import Task
 from rlvr_jax.model import loading
-from rlvr_jax.program import compilation, difficulty
+from rlvr_jax.program.runtime import compilation
+from rlvr_jax.program.studies import difficulty
 from rlvr_jax.rewards.config import RewardSettings
 
 # The training verifiers the filter can score with: single-turn ones that score text on the host.

@@ -2,13 +2,15 @@
 
 The only place with flags and `jax.config`: it turns the config file into typed settings (every
 unknown or inconsistent field fails here, before anything compiles), then runs the stage the
-config names (`program.stages`): RL (`train.stage="rl"`, the default), supervised fine-tuning on
-demonstrations (`train.stage="sft"`) or a reward model on preference pairs (`train.stage="rm"`).
+config names (`program.stages.dispatch`): RL (`train.stage="rl"`, the default), supervised
+fine-tuning on demonstrations (`train.stage="sft"`) or a reward model on preference pairs
+(`train.stage="rm"`).
 
 Exit statuses: 0 when the run reached its last step, or stopped after a SIGTERM or SIGINT with
 that step saved (the same command resumes); 1 for an error (a traceback; also a config file that
-calls sys.exit while loading); 2 when another process holds the workdir (`program.workdir_lock`;
-the message names its pid); 130 after a second SIGINT (stopped at once, unsaved step lost);
+calls sys.exit while loading); 2 when another process holds the workdir
+(`program.runtime.workdir_lock`; the message names its pid); 130 after a second SIGINT (stopped at
+once, unsaved step lost);
 128 + the signal's number for SIGTERM or SIGINT outside the training loop (start-up, or the
 evaluation after training; the message says what is saved). After an error the process exits
 within seconds even if a library left a thread waiting (`preemption.exit_after_error`).
@@ -24,8 +26,9 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rlvr_jax.program import compilation, config_file, preemption, stages, workdir_lock
+from rlvr_jax.program.runtime import compilation, config_file, preemption, workdir_lock
 from rlvr_jax.program.settings import settings_from_config
+from rlvr_jax.program.stages import dispatch
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
 config_file.guard(_CONFIG)
@@ -80,7 +83,7 @@ def main(argv: list[str]) -> None:
     primary = not _DISTRIBUTED.value or jax.process_index() == 0
     try:
         with workdir_lock.hold(workdir, "training", enabled=primary):
-            stages.run(
+            dispatch.run(
                 settings_from_config(config),
                 workdir,
                 allow_changed_settings=_ALLOW_CHANGED.value,

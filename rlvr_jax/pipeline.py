@@ -3,10 +3,10 @@
   python -m rlvr_jax.pipeline --config=configs/pipelines/r1_tiny.py --workdir=W [--platform=cpu]
 
 The config is a training config plus a `pipeline` section (the stages with their overrides, an
-optional equal-compute baseline, the evaluation suite's samples); `program.pipeline` documents it
-and runs it. Under W: `<index>_<stage>/` (each a stage workdir; a rerun skips finished stages and
-resumes a partly trained one from its checkpoint), `pipeline.md` (the stage x metric table, also
-printed), `pipeline.json` and `pipeline.png`.
+optional equal-compute baseline, the evaluation suite's samples); `program.studies.pipeline`
+documents it and runs it. Under W: `<index>_<stage>/` (each a stage workdir; a rerun skips finished
+stages and resumes a partly trained one from its checkpoint), `pipeline.md` (the stage x metric
+table, also printed), `pipeline.json` and `pipeline.png`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rlvr_jax.program import compilation, pipeline
+from rlvr_jax.program.runtime import compilation
+from rlvr_jax.program.studies import pipeline
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pipeline config file.")
 _WORKDIR = flags.DEFINE_string(

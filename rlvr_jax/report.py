@@ -1,9 +1,9 @@
 """Plots of a run's metrics ledger: `python -m rlvr_jax.report --workdir W`.
 
-Reads `W/metrics.jsonl` (written by `program.metrics.MetricsWriter`) and writes one PNG per topic
-into `W/plots/` (or `--out`): reward and accuracy, response length, KL, clip fractions, entropy,
-the distribution of per-group success, and step timing. A topic whose metrics the run did not
-record is skipped with a printed note. The figures are `program.plots`'s.
+Reads `W/metrics.jsonl` (written by `program.runtime.metrics.MetricsWriter`) and writes one PNG per
+topic into `W/plots/` (or `--out`): reward and accuracy, response length, KL, clip fractions,
+entropy, the distribution of per-group success, and step timing. A topic whose metrics the run did
+not record is skipped with a printed note. The figures are `program.evals.plots`'s.
 
 The command line uses argparse rather than absl flags so that importing this module never
 defines process-wide flags next to `main.py`'s.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from rlvr_jax.program import plots
+from rlvr_jax.program.evals import plots
 
 
 def main(argv: Sequence[str] | None = None) -> None:

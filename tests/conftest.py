@@ -32,7 +32,7 @@ import jax  # noqa: E402
 jax.config.update("jax_platform_name", "cpu")
 jax.config.update("jax_num_cpu_devices", 8)
 
-from rlvr_jax.program import compilation  # noqa: E402
+from rlvr_jax.program.runtime import compilation  # noqa: E402
 
 # One persistent compile cache for the whole session, shared by the xdist workers (they inherit
 # the environment the controller sets here before it starts them): many tests compile the same

@@ -11,9 +11,9 @@ import pytest
 
 from configs import ablation as ablation_config
 from rlvr_jax.config_types import ConfigError
-from rlvr_jax.program import ablation
-from rlvr_jax.program import metrics as metrics_lib
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.runtime import metrics as metrics_lib
+from rlvr_jax.program.studies import ablation
 
 
 def _split(**section):
@@ -205,22 +205,24 @@ def test_group_grad_norms_are_each_prompts_share_of_the_gradient():
     import jax.numpy as jnp
     import optax
 
-    from rlvr_jax import sampling
     from rlvr_jax.data.tokenizer import Tokenizer
     from rlvr_jax.model import config as config_lib
     from rlvr_jax.model import transformer as tf
     from rlvr_jax.rl import state as state_lib
     from rlvr_jax.rl import train_step as ts
+    from rlvr_jax.sampling.config import SamplerConfig
+    from rlvr_jax.sampling.host import bucket_and_pad
+    from rlvr_jax.types import FINISH_EOS, Rollout
 
     B, G = 4, 4
     tok = Tokenizer.from_characters("0123456789+-*=")
     cfg = config_lib.PRESETS["tiny"].replace(vocab_size=32)
-    prompt_NP, lengths_N = sampling.bucket_and_pad(
+    prompt_NP, lengths_N = bucket_and_pad(
         [tok.encode(f"{i}+{i}=") for i in range(B)], [8], tok.pad_id, G
     )
     T, N = 3, B * G
     tokens_NT = jax.random.randint(jax.random.key(2), (N, T), 0, 10)  # any digits will do
-    rollout = sampling.Rollout(
+    rollout = Rollout(
         prompt_NP=jnp.asarray(prompt_NP),
         prompt_lengths_N=jnp.asarray(lengths_N),
         tokens_NT=tokens_NT,
@@ -228,9 +230,9 @@ def test_group_grad_norms_are_each_prompts_share_of_the_gradient():
         mask_NT=jnp.arange(T)[None, :] < jnp.arange(N)[:, None] % T + 1,  # lengths 1, 2, 3
         injected_NT=jnp.zeros((N, T), bool),
         lengths_N=jnp.arange(N) % T + 1,
-        finish_N=jnp.full((N,), sampling.FINISH_EOS),
+        finish_N=jnp.full((N,), FINISH_EOS),
     )
-    sampler = sampling.SamplerConfig(max_new_tokens=T, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+    sampler = SamplerConfig(max_new_tokens=T, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
     rl = ts.RLConfig(group_size=G, sampler=sampler, group_grad_norms=True)
     sgd = optax.sgd(1.0)
     sched = state_lib.learning_rate_schedule(state_lib.OptimConfig(schedule="constant"))

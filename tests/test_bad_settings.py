@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from rlvr_jax.config_types import ConfigError
-from rlvr_jax.program import rl_stage
 from rlvr_jax.program import settings as settings_lib
-from rlvr_jax.program.metrics import read_metrics
-from rlvr_jax.program.run import NonFiniteError, non_finite
+from rlvr_jax.program.runtime.metrics import read_metrics
+from rlvr_jax.program.runtime.run import NonFiniteError, non_finite
+from rlvr_jax.program.stages import rl_stage
 from tests.test_main import REPO, TINY
 
 

@@ -22,8 +22,8 @@ from jax.sharding import PartitionSpec as P
 
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import transformer as tf
-from rlvr_jax.program import checkpoint as ckpt_lib
-from rlvr_jax.program import preemption
+from rlvr_jax.program.runtime import checkpoint as ckpt_lib
+from rlvr_jax.program.runtime import preemption
 from rlvr_jax.rl import state as state_lib
 
 

@@ -5,7 +5,7 @@ launch of tests/test_main.py::test_sigkill_then_resume_gives_the_same_metrics.""
 
 import json
 
-from rlvr_jax.program import compilation
+from rlvr_jax.program.runtime import compilation
 
 
 def test_the_cache_is_off_for_none_and_defaults_under_the_users_cache(tmp_path, monkeypatch):
@@ -36,8 +36,8 @@ def test_a_long_compilation_says_so_and_a_short_one_does_not():
 def _run_tiny(workdir, log=lambda _: None, **reward):
     """Two steps of a small tiny config (with `reward` settings) in `workdir`."""
     from configs import tiny
-    from rlvr_jax.program import rl_stage
     from rlvr_jax.program import settings as settings_lib
+    from rlvr_jax.program.stages import rl_stage
 
     c = tiny.get_config()
     c.reward.update(reward)

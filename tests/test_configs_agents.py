@@ -14,8 +14,10 @@ from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.envs.swe import SweTask
 from rlvr_jax.envs.tool_math import MathToolTask
-from rlvr_jax.program import build, pipeline, sft_stage
+from rlvr_jax.program.parts import build
 from rlvr_jax.program.settings import settings_from_config
+from rlvr_jax.program.stages import sft_stage
+from rlvr_jax.program.studies import pipeline
 from tests.envs.fixtures import QWEN_STYLE
 
 

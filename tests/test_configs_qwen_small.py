@@ -16,8 +16,8 @@ from configs import qwen_small
 from rlvr_jax.data import templates
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import transformer as tf
-from rlvr_jax.program import build
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.parts import build
 from rlvr_jax.rl import state as state_lib
 from tests.shared_data import needs_shared_data
 

@@ -9,8 +9,9 @@ import pytest
 pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (extra .[tasks])")
 
 from configs import rg_curriculum  # noqa: E402
-from rlvr_jax.program import ablation, build  # noqa: E402
 from rlvr_jax.program import settings as settings_lib  # noqa: E402
+from rlvr_jax.program.parts import build  # noqa: E402
+from rlvr_jax.program.studies import ablation
 
 
 def test_the_variants_differ_only_in_the_sampler_and_share_levelled_data():

@@ -6,19 +6,19 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from rlvr_jax import sampling
 from rlvr_jax.data.datasets import Example
-from rlvr_jax.program import rl_stage
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.stages import rl_stage
 from rlvr_jax.rl import dynamic_sampling
+from rlvr_jax.types import Rollout
 
 G = 2
 
 
-def _rollout(rows: int, width: int, marker: int) -> sampling.Rollout:
+def _rollout(rows: int, width: int, marker: int) -> Rollout:
     """A stand-in rollout whose tokens carry `marker` and the row index, to trace rows."""
     tokens = np.stack([np.full((3,), marker * 100 + i) for i in range(rows)])
-    return sampling.Rollout(
+    return Rollout(
         prompt_NP=jnp.ones((rows, width), jnp.int32),
         prompt_lengths_N=jnp.full((rows,), width, jnp.int32),
         tokens_NT=jnp.asarray(tokens, jnp.int32),

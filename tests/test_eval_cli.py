@@ -15,13 +15,15 @@ import numpy as np
 import pytest
 
 from configs import sft_tiny
-from rlvr_jax import sampling
 from rlvr_jax.data import datasets, templates
 from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.envs.task import Task
-from rlvr_jax.program import build, evaluation, sft_stage
 from rlvr_jax.program import settings as settings_lib
-from rlvr_jax.program.evaluation import heldout_evaluator
+from rlvr_jax.program.evals import evaluation
+from rlvr_jax.program.evals.evaluation import heldout_evaluator
+from rlvr_jax.program.parts import build
+from rlvr_jax.program.stages import sft_stage
+from rlvr_jax.types import FINISH_LENGTH
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,8 +156,7 @@ class _TextTask(Task):
         )
         correct = [
             float(
-                f != sampling.FINISH_LENGTH
-                and self.tok.decode(t[:n], skip_special_tokens=True) == ex.answer
+                f != FINISH_LENGTH and self.tok.decode(t[:n], skip_special_tokens=True) == ex.answer
             )
             for t, n, f, ex in zip(tokens, lengths, finish, rows, strict=True)
         ]

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from rlvr_jax.program import eval_metrics as em
+from rlvr_jax.program.evals import eval_metrics as em
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,9 @@ from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.environment import StepResult, ToolResponseFormat
 from rlvr_jax.envs.tool_math import MathToolEnv, MathToolTask
-from rlvr_jax.program import build, evaluation
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.evals import evaluation
+from rlvr_jax.program.parts import build
 from tests.envs.fixtures import QWEN_STYLE
 
 ALPHABET = string.printable

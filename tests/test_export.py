@@ -19,9 +19,10 @@ import transformers
 from configs import tiny
 from rlvr_jax.model import hf, loading
 from rlvr_jax.model import transformer as tf
-from rlvr_jax.program import build, rl_stage
 from rlvr_jax.program import settings as settings_lib
-from rlvr_jax.program.checkpoint import CheckpointError
+from rlvr_jax.program.parts import build
+from rlvr_jax.program.runtime.checkpoint import CheckpointError
+from rlvr_jax.program.stages import rl_stage
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.task import Task
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import transformer as tf
-from rlvr_jax.program import difficulty
+from rlvr_jax.program.studies import difficulty
 
 ALPHABET = "0123456789+-*="
 # One sampler program serves every test here: same model shape, bucket, rows and length.

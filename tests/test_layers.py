@@ -16,7 +16,12 @@ LAYERS = (
     ("rlvr_jax.rewards", "rlvr_jax.data"),
     ("rlvr_jax.envs",),
     ("rlvr_jax.rl", "rlvr_jax.sft"),
-    ("rlvr_jax.program",),
+    ("rlvr_jax.program", "rlvr_jax.program.settings"),
+    ("rlvr_jax.program.runtime",),
+    ("rlvr_jax.program.parts",),
+    ("rlvr_jax.program.evals",),
+    ("rlvr_jax.program.stages",),
+    ("rlvr_jax.program.studies",),
 )
 ENTRY_POINTS = ("main", "eval", "export", "ablate", "report", "filter", "pipeline")
 
@@ -94,8 +99,21 @@ def test_imports_point_down_at_module_level(module):
         assert _rank(target) <= _rank(module), f"{where}, a higher layer"
 
 
+def _edges() -> dict[str, list[str]]:
+    """Each module's imports, plus its package's `__init__`, which Python runs first: a package
+    whose `__init__` imports its own modules is a cycle with each of them."""
+    edges = {}
+    for m in MODULES:
+        targets = {t for t, _, _ in GRAPH[m] if t != m}
+        parent = m.rsplit(".", 1)[0]
+        if "." in m and parent in MODULES and MODULES[m].name != "__init__.py":
+            targets.add(parent)
+        edges[m] = sorted(targets)
+    return edges
+
+
 def test_no_import_cycles():
-    edges = {m: sorted({t for t, _, _ in GRAPH[m] if t != m}) for m in MODULES}
+    edges = _edges()
     state: dict[str, int] = {}
     stack: list[str] = []
 

@@ -17,9 +17,10 @@ from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import hf, loading, lora_export
 from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.model import transformer as tf
-from rlvr_jax.program import build, rl_stage
-from rlvr_jax.program import checkpoint as ckpt_lib
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.parts import build
+from rlvr_jax.program.runtime import checkpoint as ckpt_lib
+from rlvr_jax.program.stages import rl_stage
 
 ALPHABET = "0123456789+-*="
 

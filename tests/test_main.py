@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rlvr_jax.config_types import ConfigError
-from rlvr_jax.program import rl_stage
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.stages import rl_stage
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.py")

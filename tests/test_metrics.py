@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from rlvr_jax.program import metrics as metrics_lib
+from rlvr_jax.program.runtime import metrics as metrics_lib
 
 
 def _step_metrics(i: int) -> dict:

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from tensorboardX.proto import event_pb2
 
-from rlvr_jax.program import checkpoint as ckpt_lib
-from rlvr_jax.program import event_files, rl_stage
-from rlvr_jax.program import metrics as metrics_lib
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.runtime import checkpoint as ckpt_lib
+from rlvr_jax.program.runtime import event_files
+from rlvr_jax.program.runtime import metrics as metrics_lib
+from rlvr_jax.program.stages import rl_stage
 
 # Every fault below must surface well within this; it only keeps a regression (a write that
 # blocks forever) from hanging the suite.

@@ -32,7 +32,7 @@ def _train(jax, mesh, checkpoint_dir=None):
     from jax.experimental import multihost_utils
 
     from rlvr_jax.model import sharding
-    from rlvr_jax.program import checkpoint as ckpt_lib
+    from rlvr_jax.program.runtime import checkpoint as ckpt_lib
     from rlvr_jax.rl import sharding_plan
     from rlvr_jax.rl import state as state_lib
     from rlvr_jax.rl import train_step as ts

@@ -19,8 +19,9 @@ from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.environment import StepResult, ToolResponseFormat
 from rlvr_jax.envs.tool_math import MathToolEnv, MathToolTask
 from rlvr_jax.model import sharding
-from rlvr_jax.program import build, rl_stage
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.parts import build
+from rlvr_jax.program.stages import rl_stage
 from rlvr_jax.rl import sharding_plan
 from rlvr_jax.rl import state as state_lib
 from tests.envs.fixtures import QWEN_STYLE

@@ -10,8 +10,8 @@ import pytest
 
 from configs import tiny
 from rlvr_jax.config_types import ConfigError
-from rlvr_jax.program import rl_stage
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.stages import rl_stage
 
 # Rates and values that the path the step takes cannot change (timings, the partial metrics).
 # The sampler/trainer mismatch is float noise, which the prefill layout changes.

@@ -15,9 +15,11 @@ from configs.pipelines import qwen3_gsm8k, qwen3_tiny, r1_qwen3, r1_tiny
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import hf
-from rlvr_jax.program import build, pipeline, pipeline_eval, rejection, thinking_budget
-from rlvr_jax.program import metrics as metrics_lib
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.evals import thinking_budget
+from rlvr_jax.program.parts import build
+from rlvr_jax.program.runtime import metrics as metrics_lib
+from rlvr_jax.program.studies import pipeline, pipeline_eval, rejection
 from rlvr_jax.rewards import format as fmt
 
 

@@ -9,8 +9,9 @@ import pytest
 
 from configs import tiny
 from rlvr_jax.config_types import ConfigError
-from rlvr_jax.program import build, rl_stage
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.parts import build
+from rlvr_jax.program.stages import rl_stage
 
 SKIP = ("time/", "throughput/", "verifier/")
 

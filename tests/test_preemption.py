@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_jax.program import preemption
+from rlvr_jax.program.runtime import preemption
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,7 +87,7 @@ def test_an_error_exits_even_with_a_thread_that_never_ends():
     done = _python(
         """
         import threading
-        from rlvr_jax.program import preemption
+        from rlvr_jax.program.runtime import preemption
 
         threading.Thread(target=threading.Event().wait, name="stuck-saver").start()
         try:
@@ -105,7 +105,7 @@ def test_an_error_with_nothing_left_running_exits_normally():
     done = _python(
         """
         import atexit
-        from rlvr_jax.program import preemption
+        from rlvr_jax.program.runtime import preemption
 
         atexit.register(lambda: print("exit handlers ran"))
         try:

@@ -12,8 +12,9 @@ from matplotlib.collections import QuadMesh
 from PIL import Image
 
 from rlvr_jax import report
-from rlvr_jax.program import ablation, plots
-from rlvr_jax.program import metrics as metrics_lib
+from rlvr_jax.program.evals import plots
+from rlvr_jax.program.runtime import metrics as metrics_lib
+from rlvr_jax.program.studies import ablation
 
 
 def _write(workdir, entries):

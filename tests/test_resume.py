@@ -12,8 +12,8 @@ import time
 import pytest
 
 from rlvr_jax.config_types import ConfigError
-from rlvr_jax.program import rl_stage
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.stages import rl_stage
 from tests.test_bad_settings import _tiny
 from tests.test_main import REPO, TINY
 

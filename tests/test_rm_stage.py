@@ -13,8 +13,9 @@ from rlvr_jax.data.example import Example
 from rlvr_jax.envs.learned_rewards import RewardModelTask
 from rlvr_jax.envs.task import Task, host_rewards
 from rlvr_jax.model import sharding
-from rlvr_jax.program import build, learned_rewards, stages
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.parts import build, learned_rewards
+from rlvr_jax.program.stages import dispatch
 from rlvr_jax.types import FINISH_EOS, Rollout
 
 
@@ -51,7 +52,7 @@ def rm_run(tmp_path_factory):
     c.train.use_tensorboard = False
     lines = []
     workdir = root / "run"
-    result = stages.run(settings_lib.settings_from_config(c), workdir, log=lines.append)
+    result = dispatch.run(settings_lib.settings_from_config(c), workdir, log=lines.append)
     return c, workdir, result, lines
 
 

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_jax.program import build, rl_stage, workdir_lock
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.parts import build
+from rlvr_jax.program.runtime import workdir_lock
+from rlvr_jax.program.stages import rl_stage
 from tests.test_bad_settings import _tiny
 from tests.test_main import _main
 

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from configs import sft_tiny
-from rlvr_jax import sft
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data import datasets, templates
 from rlvr_jax.data.tokenizer import Tokenizer
@@ -23,9 +22,16 @@ from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import loading
 from rlvr_jax.model import transformer as tf
-from rlvr_jax.program import build, sft_stage
 from rlvr_jax.program import settings as settings_lib
-from rlvr_jax.program.evaluation import heldout_evaluator
+from rlvr_jax.program.evals.evaluation import heldout_evaluator
+from rlvr_jax.program.parts import build
+from rlvr_jax.program.stages import sft_stage
+from rlvr_jax.sft.data import (
+    demonstrations_from_examples,
+    encode_demonstrations,
+    load_demonstrations,
+)
+from rlvr_jax.sft.step import make_batch, sft_loss
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,7 +51,7 @@ def _metrics(workdir):
 
 
 def test_loss_mask_covers_the_response_and_end_token_only():
-    batch = sft.make_batch([[5, 6, 7, 8, 1], [5, 9, 1]], [2, 2], buckets=(4, 8, 16), pad_id=0)
+    batch = make_batch([[5, 6, 7, 8, 1], [5, 9, 1]], [2, 2], buckets=(4, 8, 16), pad_id=0)
     np.testing.assert_array_equal(
         batch.tokens_NS, [[5, 6, 7, 8, 1, 0, 0, 0], [5, 9, 1, 0, 0, 0, 0, 0]]
     )
@@ -55,9 +61,9 @@ def test_loss_mask_covers_the_response_and_end_token_only():
         batch.loss_mask_NT.astype(int), [[0, 1, 1, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0]]
     )
     with pytest.raises(ValueError, match="largest bucket"):
-        sft.make_batch([[1] * 17], [3], buckets=(16,), pad_id=0)
+        make_batch([[1] * 17], [3], buckets=(16,), pad_id=0)
     with pytest.raises(ValueError, match="prompt length 3"):
-        sft.make_batch([[5, 6, 1]], [3], buckets=(8,), pad_id=0)
+        make_batch([[5, 6, 1]], [3], buckets=(8,), pad_id=0)
 
 
 def test_loss_is_the_token_mean_nll_of_response_tokens():
@@ -65,8 +71,8 @@ def test_loss_is_the_token_mean_nll_of_response_tokens():
     params = tf.init_params(jax.random.key(0), cfg)
     ids = [[3, 4, 5, 6, 7, 1], [3, 9, 10, 1]]
     prompt_lengths = [3, 1]
-    batch = jax.tree.map(jnp.asarray, sft.make_batch(ids, prompt_lengths, (8,), pad_id=0))
-    loss_fn = jax.jit(sft.sft_loss, static_argnums=2)
+    batch = jax.tree.map(jnp.asarray, make_batch(ids, prompt_lengths, (8,), pad_id=0))
+    loss_fn = jax.jit(sft_loss, static_argnums=2)
     loss, num = loss_fn(params, batch, cfg)
     logp = jax.nn.log_softmax(
         jax.jit(tf.forward, static_argnums=3)(
@@ -99,7 +105,7 @@ def test_malformed_rows_are_counted_and_skipped(tmp_path):
         json.dumps({"prompt": "6+6", "response": "12", "id": "x"}),
     ]
     path.write_text("\n".join(rows) + "\n")
-    demos, report = sft.load_demonstrations(path)
+    demos, report = load_demonstrations(path)
     assert [(d.prompt, d.response) for d in demos] == [("1+2", "3"), ("2+2", "4"), ("5+5", "10")]
     assert demos[1].answer == "4" and demos[1].source == "s" and demos[0].id == "demos/0"
     assert report.rows == 8 and report.loaded == 3
@@ -111,25 +117,25 @@ def test_malformed_rows_are_counted_and_skipped(tmp_path):
         "duplicate_id": 1,
     }
     assert "skipped 5 malformed" in report.summary()
-    demos, _ = sft.load_demonstrations(path, "question", "solution")
+    demos, _ = load_demonstrations(path, "question", "solution")
     assert [d.prompt for d in demos] == ["2+2"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{\n")
     with pytest.raises(ValueError, match="malformed"):
-        sft.load_demonstrations(bad)
+        load_demonstrations(bad)
 
 
 def test_demonstrations_are_templated_like_rl_prompts():
     tok = Tokenizer.from_characters("0123456789+-*=")
     template = templates.get_template("text:{question}=")
     examples = datasets.arithmetic_examples(16, seed=0)
-    demos = sft.demonstrations_from_examples(examples)
-    enc = sft.encode_demonstrations(demos, template, tok, max_len=8)
+    demos = demonstrations_from_examples(examples)
+    enc = encode_demonstrations(demos, template, tok, max_len=8)
     rl = templates.encode_prompts(examples, template, tok, (8,))
     for ids, p, prompt_ids, ex in zip(enc.ids, enc.prompt_lengths, rl.ids, examples, strict=True):
         assert ids[:p] == prompt_ids
         assert ids[p:] == [*tok.encode(ex.answer), tok.eos_ids[0]]
-    short = sft.encode_demonstrations(demos, template, tok, max_len=6)
+    short = encode_demonstrations(demos, template, tok, max_len=6)
     assert short.num_too_long == sum(len(i) > 6 for i in enc.ids) > 0
     assert "skipped" in short.summary()
 

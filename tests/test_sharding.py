@@ -9,7 +9,6 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from rlvr_jax import sampling
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import sharding
@@ -18,6 +17,10 @@ from rlvr_jax.rewards import arithmetic as ar
 from rlvr_jax.rl import losses, sharding_plan
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
+from rlvr_jax.sampling.config import SamplerConfig, sampling_params
+from rlvr_jax.sampling.host import bucket_and_pad
+from rlvr_jax.sampling.loop import generate, init_decode_cache
+from rlvr_jax.types import Rollout
 
 B, G = 8, 4
 # f32 on CPU: a sharded program sums in another order; metrics and log-probs differ by ~1e-7.
@@ -32,7 +35,7 @@ def _arrays(tree):
     return [np.asarray(raw(x)) for x in jax.tree.leaves(tree)]
 
 
-def _reward_fn(rollout: sampling.Rollout, targets) -> tuple[jax.Array, dict[str, jax.Array]]:
+def _reward_fn(rollout: Rollout, targets) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Rewards that a random model earns in some rows and not others (the arithmetic reward is 0
     for every row of a fresh model, which would make the advantages, and the update, zero)."""
     del targets
@@ -48,13 +51,13 @@ def make_task():
 
     def batch(i: int) -> ts.Batch:
         ps = problems[i * B : (i + 1) * B]
-        prompt_NP, lengths_N = sampling.bucket_and_pad(
+        prompt_NP, lengths_N = bucket_and_pad(
             [tok.encode(p.expression + "=") for p in ps], [8], tok.pad_id, G
         )
         answers = ar.encode_answers([p.answer for p in ps for _ in range(G)], 3)
         return ts.Batch(jnp.asarray(prompt_NP), jnp.asarray(lengths_N), answers)
 
-    sampler = sampling.SamplerConfig(max_new_tokens=3, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+    sampler = SamplerConfig(max_new_tokens=3, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
     # A KL term, so that the reference parameters are part of the state.
     loss = losses.LossConfig(kl_beta=0.05, kl_estimator="k3")
     rl = ts.RLConfig(group_size=G, sampler=sampler, loss=loss)
@@ -276,9 +279,9 @@ def one_device_rollout(task):
     cfg, rl, _, _, batch = task
     params = tf.init_params(jax.random.key(0), cfg)
     b = batch(0)
-    sp = sampling.sampling_params(b.prompt_NP.shape[0], temperature=1.3)
+    sp = sampling_params(b.prompt_NP.shape[0], temperature=1.3)
     scfg = dataclasses.replace(rl.sampler, max_new_tokens=4)
-    rollout, _ = sampling.generate(
+    rollout, _ = generate(
         params,
         b.prompt_NP,
         b.prompt_lengths_N,
@@ -305,11 +308,11 @@ def test_sampler_runs_with_its_cache_sharded(task, one_device_rollout, shape, la
     mesh = sharding.make_mesh(sharding.MeshConfig(*shape))
     b = batch(0)
     N, P_ = b.prompt_NP.shape
-    cache = sampling.init_decode_cache(cfg, scfg, N, P_)
+    cache = init_decode_cache(cfg, scfg, N, P_)
     cache_sh = sharding.decode_cache_shardings(cache, cfg, mesh)
     assert all(s.spec == want for s in jax.tree.leaves(cache_sh))
     rows = sharding.rows_sharding(mesh, N)
-    got, cache = sampling.generate(
+    got, cache = generate(
         sharding.place(params, sharding_plan.param_shardings(cfg, mesh, params)),
         sharding.place(b.prompt_NP, rows),
         sharding.place(b.prompt_lengths_N, rows),

@@ -3,8 +3,10 @@
 import pytest
 
 from configs import tiny
-from rlvr_jax.program import build, pipeline_eval, thinking_budget
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.evals import thinking_budget
+from rlvr_jax.program.parts import build
+from rlvr_jax.program.studies import pipeline_eval
 
 
 def _settings():

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from rlvr_jax.program import rl_stage, workdir_lock
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.runtime import workdir_lock
+from rlvr_jax.program.stages import rl_stage
 from tests.test_bad_settings import _tiny
 from tests.test_main import REPO, _main, _metrics, _wait_for_step
 
@@ -24,7 +25,7 @@ def _try_lock(workdir, purpose="training") -> subprocess.CompletedProcess:
     """Another process's `acquire` on `workdir`: exit 0 when it got the lock, 3 when refused."""
     code = (
         "import sys\n"
-        "from rlvr_jax.program import workdir_lock\n"
+        "from rlvr_jax.program.runtime import workdir_lock\n"
         "try:\n"
         f"    workdir_lock.acquire({str(workdir)!r}, {purpose!r})\n"
         "except workdir_lock.WorkdirBusyError as e:\n"
@@ -71,7 +72,7 @@ def test_the_holder_takes_it_again_and_the_last_release_frees_it(tmp_path):
 def test_a_killed_holder_leaves_no_lock_behind(tmp_path):
     code = (
         "import sys, time\n"
-        "from rlvr_jax.program import workdir_lock\n"
+        "from rlvr_jax.program.runtime import workdir_lock\n"
         f"workdir_lock.acquire({str(tmp_path)!r}, 'training')\n"
         "print('locked', flush=True)\n"
         "time.sleep(600)\n"

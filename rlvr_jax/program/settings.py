@@ -175,9 +175,10 @@ class TrainSettings:
     log_every, eval_every, checkpoint_every: intervals in steps (0 disables periodic ones;
       evaluation also runs before the first and after the last step, a checkpoint at the end).
     keep_checkpoints: how many to keep.
-    stage: "rl" (`program.rl_stage`), "sft" (supervised fine-tuning on demonstrations,
-      `program.sft_stage`) or "rm" (a reward model on preference pairs, `program.rm_stage`);
-      `program.stages.run` dispatches on it. Every stage counts `steps` in optimizer updates.
+    stage: "rl" (`program.stages.rl_stage`), "sft" (supervised fine-tuning on demonstrations,
+      `program.stages.sft_stage`) or "rm" (a reward model on preference pairs,
+      `program.stages.rm_stage`); `program.stages.dispatch.run` dispatches on it. Every stage counts
+      `steps` in optimizer updates.
     compile_ahead: compile the training step on a thread while the evaluation before training
       runs (`run.Stage.precompile`: the fused RL step, or the host path's rollout and update
       each on its own thread), instead of at its first call.
@@ -217,8 +218,8 @@ class EvalSettings:
     batch_prompts: prompts per evaluation call (the last batch is padded, shapes stay fixed).
     in_stage: the RL stage's own held-out evaluation, before and after training (and every
       `train.eval_every` steps). A pipeline evaluates every stage's exported policy itself
-      (`program.pipeline`), so its configs turn this off rather than evaluate the same weights
-      twice.
+      (`program.studies.pipeline`), so its configs turn this off rather than evaluate the same
+      weights twice.
     """
 
     batch_prompts: int = 32

@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from rlvr_jax.rewards.math_numbers import UNIT_WORDS
+from rlvr_jax.rewards.math_numbers import UNIT_WORDS, word_set
 
 MAX_ANSWERS = 8  # more different answers than this are never checked for agreement
 _MAX_SENTENCE_ANSWER = 100  # characters of an answer stated in a sentence
@@ -66,11 +66,7 @@ _WORD_RE = re.compile(r"[A-Za-z']+")
 _LONG_WORD_RE = re.compile(r"[A-Za-z]{2,}")
 
 
-def _word_set(text: str) -> frozenset[str]:
-    return frozenset(text.split())
-
-
-_HEDGES = _word_set(
+_HEDGES = word_set(
     """
     not isn't isnt cannot can't or either neither nor maybe perhaps possibly probably likely
     might may could if whether suppose supposing assume assuming guess approximately roughly

@@ -52,11 +52,12 @@ _FRAC_RE = re.compile(rf"(\d+)?\\frac\{{([+-]?{_NUM})\}}\{{([+-]?{_NUM})\}}")
 _REPEATING_RE = re.compile(r"(\d*)\.(\d*)\\(?:overline|bar)(?:\{(\d+)\}|(\d))")
 
 
-def _word_set(text: str) -> frozenset[str]:
+def word_set(text: str) -> frozenset[str]:
+    """The whitespace-separated words of a word list."""
     return frozenset(text.split())
 
 
-UNIT_WORDS = _word_set(
+UNIT_WORDS = word_set(
     """
     degrees degree cm mm km meters meter metres metre centimeters centimeter millimeters
     kilometers inches inch feet foot ft yards yard yd miles mile units unit dollars dollar cents

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from rlvr_jax import sampling
 from rlvr_jax.rl import advantages as adv_lib
 from rlvr_jax.rl import losses
 from rlvr_jax.rl.value import CriticConfig
+from rlvr_jax.sampling.config import SamplerConfig
+from rlvr_jax.sampling.continuous import auto_slots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +44,9 @@ class RLConfig:
         policy loss when there is one minibatch (minibatches shuffle rows, not groups) and each
         microbatch holds whole groups.
       decode_slots: rows decoded at once in the rollout (continuous batching,
-        `sampling.generate_continuous`): when a row ends its slot takes the next queued row, so
+        `generate_continuous`): when a row ends its slot takes the next queued row, so
         short answers do not wait for the longest. A number in [1, N], N being the static
-        sampler; "auto" takes `sampling.auto_slots`: N / 4 slots for answers of 1,024 tokens
+        sampler; "auto" takes `auto_slots`: N / 4 slots for answers of 1,024 tokens
         or more (where the long tail dominates), the static sampler below that. The tokens are
         the same either way (each row has its own random stream).
       partial_budget: Kimi k1.5's partial rollouts (`rl.partial`): 0 is off; otherwise each step
@@ -60,7 +61,7 @@ class RLConfig:
     """
 
     group_size: int
-    sampler: sampling.SamplerConfig
+    sampler: SamplerConfig
     advantage: adv_lib.AdvantageConfig = adv_lib.AdvantageConfig()
     loss: losses.LossConfig = losses.LossConfig()
     critic: CriticConfig = CriticConfig()
@@ -141,7 +142,7 @@ class RLConfig:
     def slots_for(self, num_rows: int) -> int:
         """The rollout's decode slots for `num_rows` rows (see `decode_slots`)."""
         if self.decode_slots == "auto":
-            return sampling.auto_slots(num_rows, self.sampler.max_new_tokens)
+            return auto_slots(num_rows, self.sampler.max_new_tokens)
         if self.decode_slots > num_rows:
             raise ValueError(f"rl.decode_slots={self.decode_slots} exceeds the {num_rows} rows")
         return self.decode_slots

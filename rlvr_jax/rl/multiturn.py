@@ -32,7 +32,7 @@ tools (reproducible).
 Limits: a stop sequence of several tokens that straddles two rounds is not matched (as in
 `rl.partial`); a row that ended, or waits for its tool, still fills its slot in each round.
 
-Host code around a jitted decode function; `sampler_decode` makes one from `sampling.sample`.
+Host code around a jitted decode function; `sampler_decode` makes one from `sample`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from rlvr_jax import sampling
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.environment import Environment, StepResult, ToolResponseFormat
@@ -60,6 +59,9 @@ from rlvr_jax.rl import partial as partial_lib
 from rlvr_jax.rl import sharding_plan
 from rlvr_jax.rl import train_step as ts
 from rlvr_jax.rl.config import RLConfig
+from rlvr_jax.sampling.config import SamplerConfig, SamplingParams
+from rlvr_jax.sampling.host import bucket_and_pad
+from rlvr_jax.sampling.loop import sample
 from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, Rollout
 
 # decode(contexts) -> a Rollout of len(contexts) rows, at most K new tokens each.
@@ -272,22 +274,8 @@ def run_episodes(
       (rollout, stats): T = `cfg.max_new_tokens` columns; `logp_NT` the sampler's log-probs of
       the sampled tokens, 0 on observations; `injected_NT` marks observations.
     """
-    B, N = len(examples_B), len(envs_N)
-    if B == 0 or N % B:
-        raise ValueError(f"{N} environments do not make groups of the {B} examples")
-    G, T = N // B, cfg.max_new_tokens
-    prompts = [env.reset(examples_B[n // G]) for n, env in enumerate(envs_N)]
-    groups = []
-    for b in range(B):
-        if len(set(prompts[b * G : (b + 1) * G])) != 1:
-            raise ValueError(f"the {G} environments of example {b} gave different prompts")
-        ids = tok.encode(prompts[b * G])
-        if len(ids) > max(buckets):
-            raise ValueError(
-                f"the environment's prompt for example {examples_B[b].id!r} has {len(ids)} "
-                f"tokens, more than the largest prompt bucket {max(buckets)}"
-            )
-        groups.append(partial_lib.new_group(b, ids, G, T, pad_id))
+    groups = _reset_groups(envs_N, examples_B, tok, cfg.max_new_tokens, buckets, pad_id)
+    N, G = len(envs_N), len(envs_N) // len(examples_B)
     rows = [_Row(env, groups[n // G], n % G) for n, env in enumerate(envs_N)]
     stats = EpisodeStats(*(np.zeros(N) for _ in range(6)), parts={})
     deadline = time.perf_counter() + cfg.time_budget_s
@@ -339,6 +327,42 @@ def run_episodes(
                     _turn_ended(r, tok, cfg, pool)
             collect(wait=not cfg.overlap_tools)
 
+    _row_stats(stats, rows)
+    return partial_lib.training_rollout(groups, buckets, pad_id), stats
+
+
+def _reset_groups(
+    envs_N: Sequence[Environment],
+    examples_B: Sequence[Example],
+    tok: Tokenizer,
+    T: int,
+    buckets: Sequence[int],
+    pad_id: int,
+) -> list[partial_lib.PendingGroup]:
+    """Resets every environment on its example and returns the B groups, each with its G rows'
+    shared prompt; the G environments of an example must give the same prompt, and it must fit
+    the largest bucket."""
+    B, N = len(examples_B), len(envs_N)
+    if B == 0 or N % B:
+        raise ValueError(f"{N} environments do not make groups of the {B} examples")
+    G = N // B
+    prompts = [env.reset(examples_B[n // G]) for n, env in enumerate(envs_N)]
+    groups = []
+    for b in range(B):
+        if len(set(prompts[b * G : (b + 1) * G])) != 1:
+            raise ValueError(f"the {G} environments of example {b} gave different prompts")
+        ids = tok.encode(prompts[b * G])
+        if len(ids) > max(buckets):
+            raise ValueError(
+                f"the environment's prompt for example {examples_B[b].id!r} has {len(ids)} "
+                f"tokens, more than the largest prompt bucket {max(buckets)}"
+            )
+        groups.append(partial_lib.new_group(b, ids, G, T, pad_id))
+    return groups
+
+
+def _row_stats(stats: EpisodeStats, rows: Sequence[_Row]) -> None:
+    """Writes each ended row's counts and reward parts into `stats`."""
     for n, r in enumerate(rows):
         for name, value in (
             ("turns_N", r.turns),
@@ -353,19 +377,18 @@ def run_episodes(
     stats.parts = {k: np.asarray([r.parts.get(k, 0.0) for r in rows], np.float32) for k in names}
     for name in ("turns_N", "tool_calls_N", "tool_errors_N", "truncated_N", "observation_tokens_N"):
         setattr(stats, name, getattr(stats, name).astype(np.int32))
-    return partial_lib.training_rollout(groups, buckets, pad_id), stats
 
 
 def sampler_decode(
     params: transformer.Params,
     model_cfg: ModelConfig,
-    cfg: sampling.SamplerConfig,
+    cfg: SamplerConfig,
     buckets: Sequence[int],
     pad_id: int,
     rng: jax.Array,
-    sp: sampling.SamplingParams | None = None,
+    sp: SamplingParams | None = None,
 ) -> DecodeFn:
-    """A decode function over `sampling.sample`, round r drawn with fold_in(rng, r).
+    """A decode function over `sample`, round r drawn with fold_in(rng, r).
 
     Contexts are left-padded to the smallest of `buckets` that holds them, or past the largest
     to a power of two (at most one program per bucket). `cfg.max_new_tokens` is K, the tokens
@@ -380,9 +403,9 @@ def sampler_decode(
         sizes = tuple(buckets)
         if longest > max(sizes):
             sizes += (1 << (longest - 1).bit_length(),)
-        prompt_NP, lengths_N = sampling.bucket_and_pad(contexts, sizes, pad_id)
+        prompt_NP, lengths_N = bucket_and_pad(contexts, sizes, pad_id)
         key = jax.random.fold_in(rng, next(rounds))
-        return sampling.sample(params, prompt_NP, lengths_N, key, model_cfg, cfg, sp)
+        return sample(params, prompt_NP, lengths_N, key, model_cfg, cfg, sp)
 
     return decode
 
@@ -430,7 +453,7 @@ def build_episodes(
         rounds = itertools.count()
 
         def decode(contexts):
-            prompt_NP, lengths_N = sampling.bucket_and_pad(contexts, context_buckets, pad_id)
+            prompt_NP, lengths_N = bucket_and_pad(contexts, context_buckets, pad_id)
             batch = ts.Batch(jnp.asarray(prompt_NP), jnp.asarray(lengths_N))
             key = jax.random.fold_in(rng, next(rounds))
             return segment_fn(params, sharding.place(batch, plan.rows), key)

@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlvr_jax import sampling
 from rlvr_jax.model import sharding
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
@@ -30,10 +29,14 @@ from rlvr_jax.rl.config import RLConfig
 from rlvr_jax.rl.outputs import StepOutput
 from rlvr_jax.rl.state import TrainState
 from rlvr_jax.rl.update import update
+from rlvr_jax.sampling.config import SamplingParams
+from rlvr_jax.sampling.continuous import generate_continuous
+from rlvr_jax.sampling.loop import generate, init_decode_cache
+from rlvr_jax.types import Rollout
 
 Array = jax.Array
 # reward_fn(rollout, targets) -> (rewards_N f32, {part name: part_N f32}); jittable.
-RewardFn = Callable[[sampling.Rollout, Any], tuple[Array, dict[str, Array]]]
+RewardFn = Callable[[Rollout, Any], tuple[Array, dict[str, Array]]]
 
 
 @jax.tree_util.register_dataclass
@@ -59,27 +62,27 @@ def _rollout(
     model_cfg: ModelConfig,
     rl: RLConfig,
     mesh: jax.sharding.Mesh | None,
-) -> sampling.Rollout:
+) -> Rollout:
     """Samples G completions of every prompt at the configured temperature, top-p and min-p."""
     N, P = batch.prompt_NP.shape
     full_N = lambda x: jnp.full((N,), x, jnp.float32)  # noqa: E731
-    sp = sampling.SamplingParams(full_N(rl.temperature), full_N(rl.top_p), full_N(rl.min_p))
+    sp = SamplingParams(full_N(rl.temperature), full_N(rl.top_p), full_N(rl.min_p))
     sampler = rl.sampler
     if rl.shared_prompt_forward and sampler.prompt_group == 1:
         sampler = dataclasses.replace(sampler, prompt_group=rl.group_size)  # one prefill a group
     slots = rl.slots_for(N)
     cache = None
     if mesh is not None:  # the cache's own layout (see model/sharding.py), not left to propagation
-        cache = sampling.init_decode_cache(model_cfg, sampler, slots, P)
+        cache = init_decode_cache(model_cfg, sampler, slots, P)
         cache = sharding.shard_decode_cache(cache, model_cfg, mesh)
     args = (params, batch.prompt_NP, batch.prompt_lengths_N, rng, sp, cache)
     if slots < N:  # continuous batching: a slot takes the next row when its row ends
-        rollout, stats, _ = sampling.generate_continuous(
+        rollout, stats, _ = generate_continuous(
             *args, model_cfg=model_cfg, cfg=sampler, num_slots=slots
         )
         steps, slot_steps = stats.decode_steps, stats.total_slot_steps
     else:  # every row decodes until the longest ends
-        rollout, _ = sampling.generate(*args, model_cfg=model_cfg, cfg=sampler)
+        rollout, _ = generate(*args, model_cfg=model_cfg, cfg=sampler)
         longest = jnp.max(rollout.lengths_N)
         steps, slot_steps = longest - 1, N * longest
     return dataclasses.replace(
@@ -135,7 +138,7 @@ def build_train_step(
 
 def build_rollout(
     model_cfg: ModelConfig, rl: RLConfig, shardings: sharding_plan.StepShardings | None = None
-) -> Callable[[Params, Batch, Array], sampling.Rollout]:
+) -> Callable[[Params, Batch, Array], Rollout]:
     """Jitted `(params, batch, rng) -> Rollout` for the host-verifier path.
 
     With `shardings`, the sampler runs with the batch's rows split over the mesh and returns the
@@ -144,7 +147,7 @@ def build_rollout(
     """
     mesh = None if shardings is None else shardings.mesh
 
-    def rollout(params: Params, batch: Batch, rng: Array) -> sampling.Rollout:
+    def rollout(params: Params, batch: Batch, rng: Array) -> Rollout:
         with sharding.activation_mesh(mesh):
             return _rollout(params, batch, rng, model_cfg, rl, mesh)
 
@@ -172,7 +175,7 @@ def build_update(
     mesh = None if shardings is None else shardings.mesh
 
     def update_fn(
-        state: TrainState, rollout: sampling.Rollout, rewards_N: Array, parts: dict[str, Array]
+        state: TrainState, rollout: Rollout, rewards_N: Array, parts: dict[str, Array]
     ) -> tuple[TrainState, StepOutput]:
         if shardings is not None:
             rollout, rewards_N, parts = jax.lax.with_sharding_constraint(

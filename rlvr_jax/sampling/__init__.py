@@ -14,46 +14,6 @@ Modules, by concept:
   (`generate_in_batches`), completions back to lists.
 
 The model side (prefill, the decode step, the cache) lives in `rlvr_jax.model`; the rollout and
-finish reasons in `rlvr_jax.types`. Their names used with the sampler are re-exported here.
+finish reasons in `rlvr_jax.types`. Import each name from its module: this file imports
+nothing, so loading one module never loads the others.
 """
-
-from rlvr_jax.sampling.choice import choose_tokens, row_uniforms
-from rlvr_jax.sampling.config import METHODS, SamplerConfig, SamplingParams, sampling_params
-from rlvr_jax.sampling.continuous import (
-    RolloutStats,
-    auto_slots,
-    generate_continuous,
-    sample_continuous,
-    static_stats,
-    summarize,
-)
-from rlvr_jax.sampling.host import bucket_and_pad, completions, generate_in_batches
-from rlvr_jax.sampling.loop import generate, init_decode_cache, num_cache_slots, sample
-from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, FINISH_NAMES, FINISH_STOP, Rollout
-
-__all__ = [
-    "FINISH_EOS",
-    "FINISH_LENGTH",
-    "FINISH_NAMES",
-    "FINISH_STOP",
-    "METHODS",
-    "Rollout",
-    "RolloutStats",
-    "SamplerConfig",
-    "SamplingParams",
-    "auto_slots",
-    "bucket_and_pad",
-    "choose_tokens",
-    "completions",
-    "generate",
-    "generate_continuous",
-    "generate_in_batches",
-    "init_decode_cache",
-    "num_cache_slots",
-    "row_uniforms",
-    "sample",
-    "sample_continuous",
-    "sampling_params",
-    "static_stats",
-    "summarize",
-]

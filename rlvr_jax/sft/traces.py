@@ -13,7 +13,7 @@ reached, `traces_from_examples` writes that down:
 Other examples get no thought: they can only become non-thinking rows.
 
 Qwen3 draws its fusion stage's thinking rows from the model itself instead: several answers per
-question sampled in thinking mode, the verified ones kept (`program.rejection`).
+question sampled in thinking mode, the verified ones kept (`program.studies.rejection`).
 `traces_from_samples` builds the traces from such answers: a question's thought and answer are
 those of its first kept answer with a non-empty, closed thinking block.
 

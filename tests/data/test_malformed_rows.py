@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_jax import sft
 from rlvr_jax.data import datasets as ds
 from rlvr_jax.data import jsonl
+from rlvr_jax.sft.data import load_demonstrations
 
 REPO = Path(__file__).resolve().parents[2]
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -236,7 +236,7 @@ def test_demonstrations_loader_skips_the_same_lines(tmp_path):
         demo("p10"),  # 10
     ]
     path = _write_bytes(tmp_path / "demos.jsonl", lines)
-    demos, report = sft.load_demonstrations(path)
+    demos, report = load_demonstrations(path)
     assert [(d.id, d.prompt) for d in demos] == [
         ("demos/0", "p1"),
         ("demos/2", "p3 \u00e9"),
@@ -255,7 +255,7 @@ def test_demonstrations_loader_skips_the_same_lines(tmp_path):
     assert report.num_skipped == 7 and "bad_utf8: 1 (lines 2)" in report.summary()
     bad = _write_bytes(tmp_path / "all_bad.jsonl", [b"\xff", DEEP])
     with pytest.raises(ValueError, match=r"all_bad\.jsonl.*every one of its 2 rows") as e:
-        sft.load_demonstrations(bad)
+        load_demonstrations(bad)
     assert "bad_utf8" in str(e.value) and "too_deep" in str(e.value)
 
 

@@ -9,8 +9,8 @@ from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data import datasets, modes
 from rlvr_jax.data import templates as tp
 from rlvr_jax.data.tokenizer import Tokenizer
-from rlvr_jax.program import build
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.parts import build
 from tests.data.test_templates import QWEN3_STYLE
 
 

@@ -7,11 +7,11 @@ import string
 
 import pytest
 
-from rlvr_jax import sampling
 from rlvr_jax.data import datasets as ds
 from rlvr_jax.data import templates as tp
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model.gguf import embedded_model_path
+from rlvr_jax.sampling.host import bucket_and_pad
 from tests.shared_data import DATA, needs_shared_data
 
 QUESTION = "What is 7 times 8?"
@@ -117,7 +117,7 @@ def test_encode_prompts_skips_and_counts_the_long_ones(smol):
         assert ids[0] == smol.bos_id  # "<|im_start|>" opens the chat
     assert f"skipped {len(too_long)} longer ones" in encoded.summary()
     # Every kept prompt fits the sampler's buckets.
-    prompt_NP, lengths_N = sampling.bucket_and_pad(encoded.ids, [limit // 2, limit], smol.pad_id, 2)
+    prompt_NP, lengths_N = bucket_and_pad(encoded.ids, [limit // 2, limit], smol.pad_id, 2)
     assert prompt_NP.shape == (2 * len(encoded.ids), limit)
     with pytest.raises(ValueError, match="none of 24 prompts fits in the largest bucket 8"):
         tp.encode_prompts(examples, template, smol, buckets=[8])

@@ -11,7 +11,7 @@ from rlvr_jax.data import reasoning_gym_tasks as rgt  # noqa: E402
 from rlvr_jax.data.example import Example  # noqa: E402
 from rlvr_jax.data.tokenizer import Tokenizer  # noqa: E402
 from rlvr_jax.envs.single_turn import ReasoningGymTask, build_task  # noqa: E402
-from rlvr_jax.program import evaluation  # noqa: E402
+from rlvr_jax.program.evals import evaluation  # noqa: E402
 from rlvr_jax.rewards.config import RewardSettings  # noqa: E402
 from tests.envs.test_tasks import _rollout  # noqa: E402
 

@@ -18,8 +18,8 @@ from rlvr_jax.envs import code, single_turn, swe, tool_math
 from rlvr_jax.envs import task as task_lib
 from rlvr_jax.envs.environment import tool_call_text
 from rlvr_jax.envs.single_turn import build_task
-from rlvr_jax.program import rl_stage
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.stages import rl_stage
 from rlvr_jax.rewards import rg_scoring, sandbox
 from rlvr_jax.rewards.config import RewardSettings
 from rlvr_jax.types import FINISH_EOS, Rollout

@@ -15,12 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlvr_jax import sampling
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import gguf, kv_cache, transformer
 from rlvr_jax.model.config import PRESETS, ModelConfig, RopeScaling
 from rlvr_jax.model.hf import CheckpointError, params_to_hf_tensors
-from rlvr_jax.sampling import SamplerConfig
+from rlvr_jax.sampling.config import SamplerConfig, sampling_params
+from rlvr_jax.sampling.host import bucket_and_pad, completions
+from rlvr_jax.sampling.loop import sample
 from tests.sampling.fixtures import hf_greedy, teacher_forced_logp
 
 # head_dim * num_heads != embed_dim, so the file must state the head width (key_length).
@@ -312,15 +313,15 @@ def test_smollm2_sampler_greedy_equals_transformers_generate(
 ):
     _, params, cfg = smollm
     tok = tokenizer
-    prompt, lengths = sampling.bucket_and_pad(chat_prompts, (32, 64), pad_id=tok.pad_id)
+    prompt, lengths = bucket_and_pad(chat_prompts, (32, 64), pad_id=tok.pad_id)
     T = 20
     want = hf_greedy(hf_model, prompt, lengths, T, eos_ids=tok.eos_ids)
     scfg = SamplerConfig(
         max_new_tokens=T, method="greedy", eos_ids=tok.eos_ids, pad_id=0, layer_loop="scan"
     )
-    r = sampling.sample(params, prompt, lengths, jax.random.key(0), cfg, scfg)
+    r = sample(params, prompt, lengths, jax.random.key(0), cfg, scfg)
     np.testing.assert_array_equal(np.asarray(r.tokens_NT), want)
-    answer = tok.decode(sampling.completions(r)[0])
+    answer = tok.decode(completions(r)[0])
     assert "Paris" in answer, answer
 
 
@@ -328,16 +329,14 @@ def test_smollm2_sampler_greedy_equals_transformers_generate(
 def test_smollm2_sampled_logp_equals_teacher_forced_forward(smollm, tokenizer, chat_prompts):
     _, params, cfg = smollm
     tok = tokenizer
-    prompt, lengths = sampling.bucket_and_pad(
-        chat_prompts, (32, 64), pad_id=tok.pad_id, group_size=2
-    )
+    prompt, lengths = bucket_and_pad(chat_prompts, (32, 64), pad_id=tok.pad_id, group_size=2)
     # Both sampler tests run the scan layer loop: on real weights it compiles in a fraction of
     # the unrolled loop's time, and tests/model/test_decode.py holds the two loops equal.
     scfg = SamplerConfig(
         max_new_tokens=16, eos_ids=tok.eos_ids, pad_id=tok.pad_id, layer_loop="scan"
     )
-    sp = sampling.sampling_params(len(prompt), temperature=0.8)
-    r = sampling.sample(params, prompt, lengths, jax.random.key(1), cfg, scfg, sp)
+    sp = sampling_params(len(prompt), temperature=0.8)
+    r = sample(params, prompt, lengths, jax.random.key(1), cfg, scfg, sp)
     mask = np.asarray(r.mask_NT)
     assert mask.sum() >= 40
     want = teacher_forced_logp(params, cfg, r, temperature=0.8)

@@ -2,10 +2,11 @@
 
 import jax.numpy as jnp
 
-from rlvr_jax import sampling
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.rl import train_step as ts
+from rlvr_jax.sampling.config import SamplerConfig
+from rlvr_jax.sampling.host import bucket_and_pad
 
 B, G = 4, 4
 
@@ -26,8 +27,8 @@ def tiny_setup():
 
     def batch(i: int) -> ts.Batch:
         ids = prompts[(i * B) % 16 : (i * B) % 16 + B]
-        prompt_NP, lengths_N = sampling.bucket_and_pad(ids, [8], tok.pad_id, G)
+        prompt_NP, lengths_N = bucket_and_pad(ids, [8], tok.pad_id, G)
         return ts.Batch(jnp.asarray(prompt_NP), jnp.asarray(lengths_N))
 
-    sampler = sampling.SamplerConfig(max_new_tokens=6, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+    sampler = SamplerConfig(max_new_tokens=6, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
     return cfg, sampler, batch

@@ -8,7 +8,6 @@ import numpy as np
 import optax
 import pytest
 
-from rlvr_jax import sampling
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import transformer as tf
@@ -16,6 +15,8 @@ from rlvr_jax.rewards import arithmetic as ar
 from rlvr_jax.rl import losses
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
+from rlvr_jax.sampling.config import SamplerConfig
+from rlvr_jax.sampling.host import bucket_and_pad
 
 B, G = 4, 4
 # Blocks of 8 divide neither the 11-token rows (8 prompt + 3 completion) nor the completions.
@@ -27,12 +28,12 @@ def rollout():
     """Sampled once: prefill and decode do not depend on `attention`."""
     tok = Tokenizer.from_characters("0123456789+-*=")
     problems = ar.generate_problems(B, seed=0, num_operands=2, max_digits=1, operators="+")
-    prompt_NP, lengths_N = sampling.bucket_and_pad(
+    prompt_NP, lengths_N = bucket_and_pad(
         [tok.encode(p.expression + "=") for p in problems], [8], tok.pad_id, G
     )
     answers = ar.encode_answers([p.answer for p in problems for _ in range(G)], 3)
     batch = ts.Batch(jnp.asarray(prompt_NP), jnp.asarray(lengths_N), answers)
-    sampler = sampling.SamplerConfig(max_new_tokens=3, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+    sampler = SamplerConfig(max_new_tokens=3, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
     rl = ts.RLConfig(group_size=G, sampler=sampler)
     params = tf.init_params(jax.random.key(0), CFG)
     return sampler, ts.build_rollout(CFG.replace(attention="dense"), rl)(

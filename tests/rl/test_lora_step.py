@@ -12,7 +12,7 @@ import pytest
 from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.model import sharding
 from rlvr_jax.model import transformer as tf
-from rlvr_jax.program import checkpoint as ckpt_lib
+from rlvr_jax.program.runtime import checkpoint as ckpt_lib
 from rlvr_jax.rl import losses, sharding_plan
 from rlvr_jax.rl import rows as rows_lib
 from rlvr_jax.rl import state as state_lib

@@ -6,13 +6,14 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from rlvr_jax import sampling
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import sharding
 from rlvr_jax.model import transformer as tf
 from rlvr_jax.rl import memory, sharding_plan
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
+from rlvr_jax.sampling.config import SamplerConfig
+from rlvr_jax.types import Rollout
 
 N, P, T = 16, 8, 256
 
@@ -22,7 +23,7 @@ def _memory(total: int) -> memory.ProgramMemory:
 
 
 def _rl(**kw) -> ts.RLConfig:
-    sampler = sampling.SamplerConfig(max_new_tokens=T, eos_ids=(1,))
+    sampler = SamplerConfig(max_new_tokens=T, eos_ids=(1,))
     return ts.RLConfig(group_size=4, sampler=sampler, **kw)
 
 
@@ -82,7 +83,7 @@ def test_auto_on_eight_fake_devices_picks_the_count_whose_compiled_update_fits()
     plan = sharding_plan.plan_step(state, cfg, mesh, N)
     rep = plan.replicated
     sds = lambda shape, dt, s=rep: jax.ShapeDtypeStruct(shape, dt, sharding=s)  # noqa: E731
-    rollout = sampling.Rollout(
+    rollout = Rollout(
         prompt_NP=sds((N, P), jnp.int32),
         prompt_lengths_N=sds((N,), jnp.int32),
         tokens_NT=sds((N, T), jnp.int32),

@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlvr_jax import sampling
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.environment import StepResult, ToolEnvironment, ToolResponseFormat
@@ -22,6 +21,7 @@ from rlvr_jax.model import hf
 from rlvr_jax.rl import multiturn as mt
 from rlvr_jax.rl.config import RLConfig
 from rlvr_jax.rl.rows import _loss_mask
+from rlvr_jax.sampling.config import SamplerConfig
 from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, Rollout
 from tests.model.hf_fixtures import make_tiny_hf
 from tests.sampling.fixtures import teacher_forced_logp
@@ -154,7 +154,7 @@ def test_two_tool_calls_keep_sampled_ids_and_inject_observations(tok):
     assert text == (turns[0] + FMT.wrap("7") + turns[1] + FMT.wrap("7") + turns[2]), text
     assert "<|im_end|>\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n" in text
     # The loss covers exactly the sampled tokens.
-    rl = RLConfig(group_size=2, sampler=sampling.SamplerConfig(max_new_tokens=400))
+    rl = RLConfig(group_size=2, sampler=SamplerConfig(max_new_tokens=400))
     loss = np.asarray(_loss_mask(jax.tree.map(jnp.asarray, rollout), rl))[0]
     L = int(rollout.lengths_N[0])
     np.testing.assert_array_equal(loss[:L], ~injected)
@@ -351,7 +351,7 @@ def test_sampled_logp_equals_the_teacher_forced_forward_over_the_trajectory(tmp_
     make_tiny_hf("qwen2", tmp_path)
     params, cfg = hf.load_hf(tmp_path)
     # A common token ends tool calls, so every row makes several turns within 48 tokens.
-    scfg = sampling.SamplerConfig(
+    scfg = SamplerConfig(
         max_new_tokens=6, eos_ids=(3,), stop_sequences=tuple((t,) for t in range(60, 76))
     )
     decode = mt.sampler_decode(params, cfg, scfg, (64,), 0, jax.random.key(0))

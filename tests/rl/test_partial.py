@@ -4,11 +4,11 @@ checkpoint's arrays."""
 import numpy as np
 import pytest
 
-from rlvr_jax import sampling
 from rlvr_jax.data import curriculum
 from rlvr_jax.rl import losses
 from rlvr_jax.rl import partial as partial_lib
 from rlvr_jax.rl.config import RLConfig
+from rlvr_jax.sampling.config import SamplerConfig
 from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, Rollout
 
 PAD = 0
@@ -111,12 +111,12 @@ def test_pending_groups_survive_the_checkpoints_json():
 
 
 def test_the_config_requires_the_importance_weight_and_refuses_the_think_budget():
-    sampler = sampling.SamplerConfig(max_new_tokens=8)
+    sampler = SamplerConfig(max_new_tokens=8)
     with pytest.raises(ValueError, match="set rl.loss.tis_cap"):
         RLConfig(group_size=2, sampler=sampler, partial_budget=4)
     with pytest.raises(ValueError, match="partial_budget=-1"):
         RLConfig(group_size=2, sampler=sampler, partial_budget=-1)
-    thinking = sampling.SamplerConfig(
+    thinking = SamplerConfig(
         max_new_tokens=8, think_budget=2, think_open=(5,), think_close=(6,), think_stop=(6,)
     )
     with pytest.raises(ValueError, match="think_budget=2"):

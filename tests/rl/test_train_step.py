@@ -8,7 +8,6 @@ import numpy as np
 import optax
 import pytest
 
-from rlvr_jax import sampling
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import transformer as tf
@@ -17,6 +16,8 @@ from rlvr_jax.rl import advantages, losses
 from rlvr_jax.rl import rows as rows_lib
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
+from rlvr_jax.sampling.config import SamplerConfig
+from rlvr_jax.sampling.host import bucket_and_pad
 
 B, G = 8, 4
 
@@ -36,13 +37,13 @@ def task():
 
     def batch(i: int, b: int = B, g: int = G) -> ts.Batch:
         ps = problems[i * b : (i + 1) * b]
-        prompt_NP, lengths_N = sampling.bucket_and_pad(
+        prompt_NP, lengths_N = bucket_and_pad(
             [tok.encode(p.expression + "=") for p in ps], [8], tok.pad_id, g
         )
         answers = ar.encode_answers([p.answer for p in ps for _ in range(g)], 3)
         return ts.Batch(jnp.asarray(prompt_NP), jnp.asarray(lengths_N), answers)
 
-    sampler = sampling.SamplerConfig(max_new_tokens=3, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+    sampler = SamplerConfig(max_new_tokens=3, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
     return cfg, table, batch, sampler
 
 

@@ -14,9 +14,9 @@ import numpy as np
 import scipy.special
 import torch
 
-from rlvr_jax import sampling
 from rlvr_jax.model import transformer
 from rlvr_jax.model.config import ModelConfig
+from rlvr_jax.sampling.host import bucket_and_pad
 
 
 def scripted_model(table_VV: np.ndarray) -> tuple[transformer.Params, ModelConfig]:
@@ -68,7 +68,7 @@ def chain_table(next_of: dict[int, int], V: int, default: int = 1) -> np.ndarray
 
 
 def left_pad(prompts, pad_id=0):
-    return sampling.bucket_and_pad(prompts, (max(len(p) for p in prompts),), pad_id)
+    return bucket_and_pad(prompts, (max(len(p) for p in prompts),), pad_id)
 
 
 @jax.jit(static_argnames="cfg")

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from rlvr_jax import sampling
-from rlvr_jax.sampling import SamplerConfig, choice
+from rlvr_jax.sampling import choice
+from rlvr_jax.sampling.choice import choose_tokens, row_uniforms
+from rlvr_jax.sampling.config import SamplerConfig, sampling_params
 from tests.sampling.fixtures import reference_truncation
 
 LOGITS_10 = np.array([2.0, 1.5, 1.5, 1.0, 0.3, 0.0, -0.5, -1.0, -2.0, -4.0], np.float32)
@@ -32,9 +33,9 @@ def test_empirical_frequencies_match_truncated_distribution(temperature, top_k, 
     truncating = top_k or top_p < 1 or min_p > 0
     assert 2 <= (want > 0).sum() < (10 if truncating else 11)
     scfg = SamplerConfig(max_new_tokens=1, top_k=top_k)
-    sp = sampling.sampling_params(N, temperature, top_p, min_p)
-    u_N = sampling.row_uniforms(jax.random.key(3), N, 1)[:, 0]
-    choose = jax.jit(sampling.choose_tokens, static_argnames="cfg")
+    sp = sampling_params(N, temperature, top_p, min_p)
+    u_N = row_uniforms(jax.random.key(3), N, 1)[:, 0]
+    choose = jax.jit(choose_tokens, static_argnames="cfg")
     tok, logp = choose(jnp.broadcast_to(jnp.asarray(LOGITS_10), (N, 10)), sp, u_N, cfg=scfg)
     tok, logp = np.asarray(tok), np.asarray(logp)
     counts = np.bincount(tok, minlength=10)
@@ -50,9 +51,9 @@ def test_draw_over_a_large_vocabulary_is_exact():
     logits = np.random.default_rng(0).normal(0, 2, V).astype(np.float32)
     want = reference_truncation(logits, 1.0, 0, 1.0, 0.0)
     scfg = SamplerConfig(max_new_tokens=1)
-    u_N = sampling.row_uniforms(jax.random.key(4), N, 1)[:, 0]
-    tok, logp = jax.jit(sampling.choose_tokens, static_argnames="cfg")(
-        jnp.broadcast_to(jnp.asarray(logits), (N, V)), sampling.sampling_params(N), u_N, cfg=scfg
+    u_N = row_uniforms(jax.random.key(4), N, 1)[:, 0]
+    tok, logp = jax.jit(choose_tokens, static_argnames="cfg")(
+        jnp.broadcast_to(jnp.asarray(logits), (N, V)), sampling_params(N), u_N, cfg=scfg
     )
     counts = np.bincount(np.asarray(tok), minlength=V)
     big = N * want >= 20  # chi-square needs populated bins; pool the rest
@@ -66,9 +67,7 @@ def test_extreme_uniforms_pick_the_first_and_last_kept_tokens():
     """u at the ends of (0, 1] must still land on tokens with mass, never on removed ones."""
     logits = jnp.asarray([[-jnp.inf, 1.0, 2.0, -jnp.inf, 0.5, -jnp.inf]] * 3)
     u_N = jnp.asarray([1e-30, 1.0, 0.5])
-    tok, _ = sampling.choose_tokens(
-        logits, sampling.sampling_params(3), u_N, SamplerConfig(max_new_tokens=1)
-    )
+    tok, _ = choose_tokens(logits, sampling_params(3), u_N, SamplerConfig(max_new_tokens=1))
     assert np.asarray(tok).tolist()[:2] == [1, 4]
     assert int(tok[2]) in (1, 2, 4)
 
@@ -92,8 +91,8 @@ def test_top_p_bisection_equals_the_sorted_rule_with_ties():
 
 def test_greedy_returns_argmax_and_its_model_logp():
     logits = jnp.asarray([[0.0, 3.0, 3.0, 1.0], [5.0, -1.0, 0.0, 0.0]])
-    tok, logp = sampling.choose_tokens(
-        logits, sampling.sampling_params(2), jnp.ones(2), SamplerConfig(1, method="greedy")
+    tok, logp = choose_tokens(
+        logits, sampling_params(2), jnp.ones(2), SamplerConfig(1, method="greedy")
     )
     assert np.asarray(tok).tolist() == [1, 0]  # first of tied maxima, as torch.argmax
     np.testing.assert_allclose(logp, jax.nn.log_softmax(logits)[jnp.arange(2), tok], atol=1e-6)

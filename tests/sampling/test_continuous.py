@@ -11,16 +11,24 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rlvr_jax import sampling
 from rlvr_jax.model import sharding
-from rlvr_jax.sampling import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, SamplerConfig
+from rlvr_jax.sampling.config import SamplerConfig, SamplingParams, sampling_params
+from rlvr_jax.sampling.continuous import (
+    generate_continuous,
+    sample_continuous,
+    static_stats,
+    summarize,
+)
+from rlvr_jax.sampling.host import bucket_and_pad
+from rlvr_jax.sampling.loop import init_decode_cache, sample
+from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, Rollout
 from tests.sampling.fixtures import PROMPTS, chain_table, left_pad, scripted_model
 from tests.sampling.test_stops import THINK_CHAIN
 
 FIELDS = ("tokens_NT", "mask_NT", "injected_NT", "lengths_N", "finish_N")
 
 
-def assert_same_rollout(got: sampling.Rollout, want: sampling.Rollout) -> None:
+def assert_same_rollout(got: Rollout, want: Rollout) -> None:
     got, want = jax.device_get((got, want))
     for name in FIELDS:
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
@@ -39,11 +47,11 @@ SAMPLED = SamplerConfig(
 )
 
 
-def sampled_rows(N: int) -> sampling.SamplingParams:
+def sampled_rows(N: int) -> SamplingParams:
     """Per-row values, so that a slot reading another row's values would show."""
     top_p = [1.0, 0.9, 0.8, 1.0, 0.95, 1.0, 0.7, 1.0]
     min_p = [0.0, 0.0, 0.05, 0.0, 0.01, 0.0, 0.0, 0.02]
-    return sampling.sampling_params(N, np.linspace(0.7, 1.3, N), top_p[:N], min_p[:N])
+    return sampling_params(N, np.linspace(0.7, 1.3, N), top_p[:N], min_p[:N])
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +59,9 @@ def sampled(tiny):
     """(params, cfg, sampler config, prompts, lengths, the static sampler's rollout): 4 prompts
     x 2 samples, one prefill per group."""
     _, params, cfg = tiny("qwen2")
-    prompt, lengths = sampling.bucket_and_pad(PROMPTS, (16,), pad_id=0, group_size=2)
+    prompt, lengths = bucket_and_pad(PROMPTS, (16,), pad_id=0, group_size=2)
     scfg = dataclasses.replace(SAMPLED, prompt_group=2)
-    want = sampling.sample(params, prompt, lengths, jax.random.key(3), cfg, scfg, sampled_rows(8))
+    want = sample(params, prompt, lengths, jax.random.key(3), cfg, scfg, sampled_rows(8))
     finish, lengths_out = np.asarray(want.finish_N), np.asarray(want.lengths_N)
     assert set(finish) == {FINISH_EOS, FINISH_STOP, FINISH_LENGTH}, finish
     assert lengths_out.min() == 1 and lengths_out.max() == 10, lengths_out
@@ -63,7 +71,7 @@ def sampled(tiny):
 @pytest.mark.parametrize("num_slots", [4, 2])  # N/2, N/4; the greedy test has N and 3 of 10
 def test_sampled_rollout_equals_static(sampled, num_slots):
     params, cfg, scfg, prompt, lengths, want = sampled
-    got, stats = sampling.sample_continuous(
+    got, stats = sample_continuous(
         params, prompt, lengths, jax.random.key(3), cfg, scfg, num_slots, sampled_rows(8)
     )
     assert_same_rollout(got, want)
@@ -93,10 +101,8 @@ def test_greedy_think_budget_and_stops_equal_static(num_slots):
     params, cfg = scripted_model(chain_table(CHAIN, 32))
     prompts = [[1, 4], [1, 5], [5, 21], [1, 25], [5, 6, 9], [1, 27], [7, 30], [19], [4, 20], [10]]
     prompt, lengths = left_pad(prompts)
-    want = sampling.sample(params, prompt, lengths, jax.random.key(0), cfg, GREEDY)
-    got, _ = sampling.sample_continuous(
-        params, prompt, lengths, jax.random.key(0), cfg, GREEDY, num_slots
-    )
+    want = sample(params, prompt, lengths, jax.random.key(0), cfg, GREEDY)
+    got, _ = sample_continuous(params, prompt, lengths, jax.random.key(0), cfg, GREEDY, num_slots)
     assert_same_rollout(got, want)
     assert np.asarray(want.injected_NT).sum() == 6  # rows 0 and 1 (see test_stops)
     assert np.asarray(want.lengths_N).tolist() == [12, 12, 12, 12, 12, 1, 1, 2, 12, 12]
@@ -115,9 +121,7 @@ def test_stats_with_forced_lengths_equal_the_hand_count():
     params, cfg = scripted_model(table)
     answer = [4, 1, 2, 8, 3, 12, 1, 2, 2, 1]
     prompt, lengths = left_pad([[1, 2, 25 if n == 12 else 10 + n] for n in answer])
-    r, stats = sampling.sample_continuous(
-        params, prompt, lengths, jax.random.key(0), cfg, GREEDY, 3
-    )
+    r, stats = sample_continuous(params, prompt, lengths, jax.random.key(0), cfg, GREEDY, 3)
     assert np.asarray(r.lengths_N).tolist() == answer
     # Emission steps e (e0 from the prompts' logits, then one per decode step); a free slot
     # takes the next row, lower slots first:
@@ -127,13 +131,13 @@ def test_stats_with_forced_lengths_equal_the_hand_count():
     # 16 emission steps (15 decode steps) x 3 slots = 48 slot-steps, 36 of them live.
     assert (int(stats.decode_steps), int(stats.live_slot_steps)) == (15, 36)
     assert int(stats.total_slot_steps) == 48
-    summary = sampling.summarize(stats, r.lengths_N)
+    summary = summarize(stats, r.lengths_N)
     assert summary["slot_utilisation"] == pytest.approx(36 / 48)
     assert summary["decode_steps"] == 15
     assert summary["length_max"] == 12 and summary["length_p50"] == 2
     assert summary["batch_imbalance"] == pytest.approx(12 / 3.6)
     # The static sampler: 10 slots until the longest row ends (11 decode steps), 36 of 120.
-    static = sampling.summarize(sampling.static_stats(np.asarray(answer)), np.asarray(answer))
+    static = summarize(static_stats(np.asarray(answer)), np.asarray(answer))
     assert static["slot_utilisation"] == pytest.approx(36 / 120)
     assert static["decode_steps"] == 11
 
@@ -147,39 +151,39 @@ def test_no_recompilation_for_new_key_and_sampling_values(sampled):
     N = len(prompt)
     # No cache passed (None), as `sample_continuous` calls it: test_sampled_rollout_equals_static
     # compiled this program already.
-    run = lambda key, sp: sampling.generate_continuous(
+    run = lambda key, sp: generate_continuous(
         params, prompt, lengths, key, sp, None, model_cfg=cfg, cfg=scfg, num_slots=4
     )
     jax.block_until_ready(run(jax.random.key(0), sampled_rows(N)))
     compiles = []
     listener = lambda name, *_, **__: compiles.append(name) if "backend_compile" in name else None
     jax.monitoring.register_event_duration_secs_listener(listener)
-    size = sampling.generate_continuous._cache_size()
+    size = generate_continuous._cache_size()
     try:
         for i in range(2):
-            sp = sampling.sampling_params(N, temperature=0.5 + i, top_p=0.9 - 0.2 * i)
+            sp = sampling_params(N, temperature=0.5 + i, top_p=0.9 - 0.2 * i)
             jax.block_until_ready(run(jax.random.key(i + 1), sp))
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == []
-    assert sampling.generate_continuous._cache_size() == size
+    assert generate_continuous._cache_size() == size
 
 
 def test_bad_slot_counts_and_caches_raise(sampled):
     params, cfg, scfg, prompt, lengths, _ = sampled
     for bad in (0, 9):
         with pytest.raises(ValueError, match=rf"num_slots={bad} must be in \[1, 8\]"):
-            sampling.sample_continuous(params, prompt, lengths, jax.random.key(0), cfg, scfg, bad)
+            sample_continuous(params, prompt, lengths, jax.random.key(0), cfg, scfg, bad)
         with pytest.raises(ValueError, match=rf"num_slots={bad} must be in \[1, 8\]"):
-            sampling.generate_continuous(
+            generate_continuous(
                 *(params, prompt, lengths, jax.random.key(0), sampled_rows(8), None),
                 model_cfg=cfg,
                 cfg=scfg,
                 num_slots=bad,
             )
-    rows_cache = sampling.init_decode_cache(cfg, scfg, 8, prompt.shape[1])  # N rows, not 4 slots
+    rows_cache = init_decode_cache(cfg, scfg, 8, prompt.shape[1])  # N rows, not 4 slots
     with pytest.raises(ValueError, match=r"4 rows of bucket 16 .*see init_decode_cache"):
-        sampling.generate_continuous(
+        generate_continuous(
             *(params, prompt, lengths, jax.random.key(0), sampled_rows(8), rows_cache),
             model_cfg=cfg,
             cfg=scfg,
@@ -187,7 +191,7 @@ def test_bad_slot_counts_and_caches_raise(sampled):
         )
     with pytest.raises(ValueError, match=r"prompt_lengths_N\[1\]=0 is outside \[1, 16\]"):
         bad_lengths = np.where(np.arange(8) == 1, 0, lengths).astype(np.int32)
-        sampling.sample_continuous(
+        sample_continuous(
             params, prompt, bad_lengths, jax.random.key(0), cfg, scfg, 4, sampled_rows(8)
         )
 
@@ -199,10 +203,10 @@ def test_rows_and_slots_sharded_over_the_training_mesh_equal_one_device(sampled)
     auto = (jax.sharding.AxisType.Auto,) * 3
     mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=auto)
     scfg = dataclasses.replace(scfg, layer_loop="scan")
-    cache = sampling.init_decode_cache(cfg, scfg, 4, prompt.shape[1])
+    cache = init_decode_cache(cfg, scfg, 4, prompt.shape[1])
     cache = jax.device_put(cache, sharding.decode_cache_shardings(cache, cfg, mesh))
     put = lambda x: jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp"))))
-    got, stats, _ = sampling.generate_continuous(
+    got, stats, _ = generate_continuous(
         jax.device_put(params, NamedSharding(mesh, P())),
         put(prompt),
         put(lengths),

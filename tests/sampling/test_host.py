@@ -6,29 +6,31 @@ import jax
 import numpy as np
 import pytest
 
-from rlvr_jax import sampling
-from rlvr_jax.sampling import SamplerConfig
+from rlvr_jax.sampling.config import SamplerConfig, sampling_params
+from rlvr_jax.sampling.continuous import auto_slots
+from rlvr_jax.sampling.host import bucket_and_pad, completions, generate_in_batches
+from rlvr_jax.sampling.loop import generate, sample
 from tests.sampling.fixtures import chain_table, left_pad, scripted_model
 
 
 def test_bucket_and_pad():
-    prompt, lengths = sampling.bucket_and_pad([[1, 2, 3], [4]], (2, 4, 8), pad_id=9, group_size=2)
+    prompt, lengths = bucket_and_pad([[1, 2, 3], [4]], (2, 4, 8), pad_id=9, group_size=2)
     np.testing.assert_array_equal(prompt, [[9, 1, 2, 3], [9, 1, 2, 3], [9, 9, 9, 4], [9, 9, 9, 4]])
     assert lengths.tolist() == [3, 3, 1, 1] and prompt.dtype == np.int32
     with pytest.raises(ValueError, match="prompt 1 has 9 tokens, longer than the largest bucket 8"):
-        sampling.bucket_and_pad([[1], list(range(9))], (4, 8), pad_id=0)
+        bucket_and_pad([[1], list(range(9))], (4, 8), pad_id=0)
     with pytest.raises(ValueError, match="prompt 0 is empty"):
-        sampling.bucket_and_pad([[]], (4,), pad_id=0)
+        bucket_and_pad([[]], (4,), pad_id=0)
     with pytest.raises(ValueError, match="group_size=0"):
-        sampling.bucket_and_pad([[1]], (4,), pad_id=0, group_size=0)
+        bucket_and_pad([[1]], (4,), pad_id=0, group_size=0)
 
 
 def test_completions_stop_at_each_rows_end():
     params, cfg = scripted_model(chain_table({30: 31, 10: 11, 11: 12}, 32, default=10))
     prompt, lengths = left_pad([[30], [10], [4]])
     scfg = SamplerConfig(4, method="greedy", eos_ids=(31,))
-    r = sampling.sample(params, prompt, lengths, jax.random.key(0), cfg, scfg)
-    assert sampling.completions(r) == [[31], [11, 12, 10, 11], [10, 11, 12, 10]]
+    r = sample(params, prompt, lengths, jax.random.key(0), cfg, scfg)
+    assert completions(r) == [[31], [11, 12, 10, 11], [10, 11, 12, 10]]
 
 
 # Five prompts in batches of two: the last batch holds prompt 4 and one padding repeat of it.
@@ -46,14 +48,14 @@ def test_generate_in_batches_equals_direct_generate_calls(num_slots):
     params, cfg = _random_model()
     B, G, seed = 2, 3, 11
     scfg = SamplerConfig(max_new_tokens=5, eos_ids=(7,))
-    sp = sampling.sampling_params(B * G, temperature=0.8, top_p=0.9)
+    sp = sampling_params(B * G, temperature=0.8, top_p=0.9)
     seen = []
 
     def score(rollout, prompt_ids):
         seen.append(list(prompt_ids))
         return {"tokens": rollout.tokens_NT, "logp": rollout.logp_NT, "n": rollout.lengths_N}
 
-    got = sampling.generate_in_batches(
+    got = generate_in_batches(
         params,
         BATCH_PROMPTS,
         score,
@@ -73,10 +75,8 @@ def test_generate_in_batches_equals_direct_generate_calls(num_slots):
     assert isinstance(got["tokens"], np.ndarray)
     want = []
     for i, ids in enumerate(seen):
-        prompt, lengths = sampling.bucket_and_pad(
-            [BATCH_PROMPTS[j] for j in ids], (4, 8), 0, group_size=G
-        )
-        r, _ = sampling.generate(
+        prompt, lengths = bucket_and_pad([BATCH_PROMPTS[j] for j in ids], (4, 8), 0, group_size=G)
+        r, _ = generate(
             params,
             prompt,
             lengths,
@@ -104,7 +104,7 @@ def test_generate_in_batches_keeps_prompt_order_and_drops_padding_rows():
         return np.repeat(np.asarray(prompt_ids), rollout.tokens_NT.shape[0] // len(prompt_ids))
 
     for B, G in [(2, 2), (8, 1)]:
-        got = sampling.generate_in_batches(
+        got = generate_in_batches(
             params,
             BATCH_PROMPTS,
             score,
@@ -123,14 +123,14 @@ def test_generate_in_batches_refuses_bad_arguments():
     kw = dict(model_cfg=cfg, cfg=SamplerConfig(2), buckets=(8,), pad_id=0)
     score = lambda rollout, prompt_ids: rollout.lengths_N
     with pytest.raises(ValueError, match="no prompts"):
-        sampling.generate_in_batches(params, [], score, batch_prompts=2, **kw)
+        generate_in_batches(params, [], score, batch_prompts=2, **kw)
     with pytest.raises(ValueError, match="batch_prompts=0"):
-        sampling.generate_in_batches(params, [[1]], score, batch_prompts=0, **kw)
+        generate_in_batches(params, [[1]], score, batch_prompts=0, **kw)
     with pytest.raises(ValueError, match="longer than the largest bucket"):
-        sampling.generate_in_batches(params, [[1] * 9], score, batch_prompts=2, **kw)
+        generate_in_batches(params, [[1] * 9], score, batch_prompts=2, **kw)
 
 
 def test_continuous_batching_is_automatic_for_long_answers_only():
-    assert sampling.auto_slots(64, 512) == 64
-    assert sampling.auto_slots(64, 4096) == 16
-    assert sampling.auto_slots(4, 4096) == 4  # too few rows to share slots
+    assert auto_slots(64, 512) == 64
+    assert auto_slots(64, 4096) == 16
+    assert auto_slots(4, 4096) == 4  # too few rows to share slots

@@ -6,8 +6,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from rlvr_jax import sampling
-from rlvr_jax.sampling import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, SamplerConfig
+from rlvr_jax.sampling.config import SamplerConfig
+from rlvr_jax.sampling.loop import sample
+from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
 from tests.sampling.fixtures import chain_table, left_pad, scripted_model, teacher_forced_logp
 
 STOP_CHAIN = {
@@ -39,7 +40,7 @@ def test_stops_at_the_edges():
     scfg = SamplerConfig(
         max_new_tokens=T, eos_ids=(31, 29), stop_sequences=((20, 21),), method="greedy"
     )
-    r = sampling.sample(params, prompt, lengths, jax.random.key(0), cfg, scfg)
+    r = sample(params, prompt, lengths, jax.random.key(0), cfg, scfg)
     want = [
         [31, 0, 0, 0, 0, 0],  # eos on the first step
         [11, 12, 13, 14, 15, 31],  # eos on the last step
@@ -72,7 +73,7 @@ def test_early_exit_when_every_row_stops():
     scfg = SamplerConfig(
         max_new_tokens=50, eos_ids=(31,), stop_sequences=((20, 21),), method="greedy"
     )
-    r = sampling.sample(params, prompt, lengths, jax.random.key(0), cfg, scfg)
+    r = sample(params, prompt, lengths, jax.random.key(0), cfg, scfg)
     assert np.asarray(r.lengths_N).tolist() == [1, 2]
     assert (np.asarray(r.tokens_NT)[:, 2:] == 0).all()
 
@@ -117,7 +118,7 @@ def test_think_budget_injects_the_early_stop_text():
         think_budget=3,
         think_stop=(7, 8, 6),
     )
-    r = sampling.sample(params, prompt, lengths, jax.random.key(0), cfg, scfg)
+    r = sample(params, prompt, lengths, jax.random.key(0), cfg, scfg)
     want = [
         [5, 9, 10, 11, 7, 8, 6, 14, 15, 16, 14, 15],
         [9, 10, 11, 7, 8, 6, 14, 15, 16, 14, 15, 16],

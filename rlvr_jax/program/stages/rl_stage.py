@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlvr_jax import sampling
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data import curriculum as curriculum_lib
 from rlvr_jax.data import templates
@@ -45,10 +44,10 @@ from rlvr_jax.envs.task import (
 )
 from rlvr_jax.model import sharding
 from rlvr_jax.model.config import ModelConfig
-from rlvr_jax.program import build, learned_rewards
-from rlvr_jax.program import metrics as metrics_lib
-from rlvr_jax.program.evaluation import heldout_evaluator
-from rlvr_jax.program.run import Stage, run_stage
+from rlvr_jax.program.evals.evaluation import heldout_evaluator
+from rlvr_jax.program.parts import build, learned_rewards
+from rlvr_jax.program.runtime import metrics as metrics_lib
+from rlvr_jax.program.runtime.run import Stage, run_stage
 from rlvr_jax.program.settings import Settings
 from rlvr_jax.rl import dynamic_sampling, multiturn, sharding_plan
 from rlvr_jax.rl import memory as memory_lib
@@ -56,6 +55,7 @@ from rlvr_jax.rl import partial as partial_lib
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
 from rlvr_jax.rl.state import TrainState
+from rlvr_jax.sampling.host import bucket_and_pad
 
 # (the prompts of a batch or round, their per-row success) for the prompt sampler.
 Attempt = tuple[Sequence[Example], np.ndarray]
@@ -70,7 +70,7 @@ def make_batch(
     task: Task,
 ) -> ts.Batch:
     """B prompts repeated G times, left-padded to a bucket, with the task's per-row targets."""
-    prompt_NP, lengths_N = sampling.bucket_and_pad(ids, buckets, pad_id, G)
+    prompt_NP, lengths_N = bucket_and_pad(ids, buckets, pad_id, G)
     rows = [ex for ex in examples for _ in range(G)]
     return ts.Batch(jnp.asarray(prompt_NP), jnp.asarray(lengths_N), task.targets(rows))
 
@@ -204,6 +204,67 @@ def build_rl_step(
         attempts = [(chosen, np.asarray(out.rows.correct_N).reshape(-1, G))]
         return state, sampler_state, out, {}, attempts
 
+    run_batch = one_batch
+    if s.data.dynamic_sampling:
+        run_batch = _dynamic_batch(s, select, rollout_round, update, pad_id)
+    elif s.rl.partial_budget:
+        run_batch = build_partial_batch(
+            s, model_cfg, task, sampler, encoded, plan, pad_id, timer, update
+        )
+
+    def step(state, data_state):
+        with timer.stage("step"):
+            state, data_state, out, extra, attempts = run_batch(state, data_state)
+            metrics = {**out.metrics, **extra, **task.stats(), **episode_metrics}
+        sampler_state = data_state.inner if s.rl.partial_budget else data_state
+        sampler_state = _record_attempts(sampler, sampler_state, attempts)
+        metrics["groups/success_hist"] = _success_hist(out.rows.correct_N, G)
+        metrics.update(timer.metrics())
+        if s.data.sampler == "curriculum":
+            metrics.update(_curriculum_metrics(sampler, sampler_state))
+        if s.rl.partial_budget:
+            return state, dataclasses.replace(data_state, inner=sampler_state), metrics
+        return state, sampler_state, metrics
+
+    batches = functools.partial(_bucket_batches, s, task, encoded, plan, pad_id)
+    if fused:
+        return step, _precompile_fused(step_fn, batches)
+    if not _host_ahead(s, task):
+        return step, None
+    return step, _precompile_host(rollout_program, update_fn, batches, s, task, plan)
+
+
+def _record_attempts(sampler: Any, sampler_state: Any, attempts: list) -> Any:
+    """The sampler's state after it has seen each (examples, success_BG) the step attempted."""
+    for examples, success_BG in attempts:
+        sampler_state = sampler.update(
+            sampler_state, [ex.id for ex in examples], np.asarray(success_BG)
+        )
+    return sampler_state
+
+
+def _curriculum_metrics(sampler: curriculum_lib.CurriculumSampler, sampler_state: Any) -> dict:
+    return {
+        **curriculum_lib.summary_stats(sampler_state),
+        **sampler.level_metrics(sampler_state),
+    }
+
+
+def _success_hist(correct_N: Any, G: int) -> list[int]:
+    """How many groups of the rows trained on (the kept groups under dynamic sampling) have 0, 1,
+    ..., G correct rows."""
+    trained_BG = np.asarray(correct_N).reshape(-1, G)
+    return np.bincount(np.rint(trained_BG.sum(axis=1)).astype(int), minlength=G + 1).tolist()
+
+
+def _dynamic_batch(
+    s: Settings, select: Callable, rollout_round: Callable, update: Callable, pad_id: int
+) -> Callable:
+    """DAPO's dynamic sampling as a batch function of `build_rl_step`: rounds of prompts drawn
+    (`select`), rolled out and verified (`rollout_round`) until `batch_prompts` groups with
+    mixed rewards are kept (`dynamic_sampling.dynamic_sampling_batch`), then one update."""
+    B, G = s.train.batch_prompts, s.rl.group_size
+
     def dynamic_batch(state, sampler_state):
         def draw():
             nonlocal sampler_state
@@ -222,41 +283,7 @@ def build_rl_step(
         attempts = [(r.examples, r.parts["correct"].reshape(-1, G)) for r in rounds]
         return state, sampler_state, out, fill_metrics, attempts
 
-    run_batch = one_batch
-    if s.data.dynamic_sampling:
-        run_batch = dynamic_batch
-    elif s.rl.partial_budget:
-        run_batch = build_partial_batch(
-            s, model_cfg, task, sampler, encoded, plan, pad_id, timer, update
-        )
-
-    def step(state, data_state):
-        with timer.stage("step"):
-            state, data_state, out, extra, attempts = run_batch(state, data_state)
-            metrics = {**out.metrics, **extra, **task.stats(), **episode_metrics}
-        sampler_state = data_state.inner if s.rl.partial_budget else data_state
-        for examples, success_BG in attempts:
-            sampler_state = sampler.update(
-                sampler_state, [ex.id for ex in examples], np.asarray(success_BG)
-            )
-        # Success per group of the rows trained on (the kept groups under dynamic sampling).
-        trained_BG = np.asarray(out.rows.correct_N).reshape(-1, G)
-        hist = np.bincount(np.rint(trained_BG.sum(axis=1)).astype(int), minlength=G + 1)
-        metrics["groups/success_hist"] = hist.tolist()
-        metrics.update(timer.metrics())
-        if s.data.sampler == "curriculum":
-            metrics.update(curriculum_lib.summary_stats(sampler_state))
-            metrics.update(sampler.level_metrics(sampler_state))
-        if s.rl.partial_budget:
-            return state, dataclasses.replace(data_state, inner=sampler_state), metrics
-        return state, sampler_state, metrics
-
-    batches = functools.partial(_bucket_batches, s, task, encoded, plan, pad_id)
-    if fused:
-        return step, _precompile_fused(step_fn, batches)
-    if not _host_ahead(s, task):
-        return step, None
-    return step, _precompile_host(rollout_program, update_fn, batches, s, task, plan)
+    return dynamic_batch
 
 
 def _host_ahead(s: Settings, task: Task) -> bool:
@@ -384,7 +411,7 @@ def build_partial_batch(
         kept, the round's slot-steps and decode steps."""
         with timer.stage("rollout"):
             ctx = partial_lib.contexts(groups)
-            prompt_NP, lengths_N = sampling.bucket_and_pad(ctx, context_buckets, pad_id)
+            prompt_NP, lengths_N = bucket_and_pad(ctx, context_buckets, pad_id)
             batch = ts.Batch(jnp.asarray(prompt_NP), jnp.asarray(lengths_N))
             version = int(jax.device_get(state.step))
             state, key = ts.split_rollout_key(state)

@@ -31,9 +31,9 @@ from rlvr_jax.envs.demonstrations import scripted_demonstrations
 from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.envs.task import MultiTurnTask, Task
 from rlvr_jax.model import hf
-from rlvr_jax.program import build
-from rlvr_jax.program.evaluation import heldout_evaluator
-from rlvr_jax.program.run import Stage, run_stage
+from rlvr_jax.program.evals.evaluation import heldout_evaluator
+from rlvr_jax.program.parts import build
+from rlvr_jax.program.runtime.run import Stage, run_stage
 from rlvr_jax.program.settings import Settings
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.sft.data import (

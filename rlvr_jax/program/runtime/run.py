@@ -8,12 +8,12 @@ and an evaluator. `run_stage` does the rest the same way for all of them:
 2. evaluate before training (once: a resumed run keeps the first evaluation);
 3. loop: one step -> periodic evaluation -> one ledger row -> checkpoint (periodic, on a
    termination signal, and at the last step); a SIGTERM or SIGINT stops after the step, saved,
-   and a second SIGINT at once, giving up a save in flight (`program.preemption`);
+   and a second SIGINT at once, giving up a save in flight (`program.runtime.preemption`);
 4. wait for the last save, then evaluate after training, as the ledger's "final" record (not
    after a stop signal: the resumed run evaluates when it ends).
 
-The workdir is locked while a run writes there (`program.workdir_lock`), so a second run on it
-is refused at once, naming the first one's pid. Every error leaves the ledger closed and orbax's
+The workdir is locked while a run writes there (`program.runtime.workdir_lock`), so a second run on
+it is refused at once, naming the first one's pid. Every error leaves the ledger closed and orbax's
 background saving released, so the process can exit at once.
 
 The checkpoint's host item holds {"step", "data" (the sampler's state), "eval_before",
@@ -38,9 +38,9 @@ import numpy as np
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data import curriculum as curriculum_lib
 from rlvr_jax.model.transformer import Params
-from rlvr_jax.program import checkpoint as ckpt_lib
-from rlvr_jax.program import compilation, preemption, workdir_lock
-from rlvr_jax.program import metrics as metrics_lib
+from rlvr_jax.program.runtime import checkpoint as ckpt_lib
+from rlvr_jax.program.runtime import compilation, preemption, workdir_lock
+from rlvr_jax.program.runtime import metrics as metrics_lib
 from rlvr_jax.program.settings import Settings, plain_settings, resume_differences, save_settings
 from rlvr_jax.rl.state import TrainState
 

@@ -15,13 +15,15 @@ from fractions import Fraction
 import numpy as np
 from absl import logging
 
-from rlvr_jax import sampling
 from rlvr_jax.data import templates
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.task import Task
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
+from rlvr_jax.sampling.config import SamplerConfig, sampling_params
+from rlvr_jax.sampling.host import completions, generate_in_batches
+from rlvr_jax.types import Rollout
 
 # verify(completion text, example) -> solved.
 Verifier = Callable[[str, Example], bool]
@@ -174,11 +176,11 @@ def count_successes(
     encoded = templates.encode_prompts(examples, template, tokenizer, buckets)
     if encoded.num_too_long:
         logging.warning("difficulty filter: %s", encoded.summary())
-    cfg = sampling.SamplerConfig(
+    cfg = SamplerConfig(
         max_new_tokens=max_new_tokens, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id
     )
 
-    def score(rollout: sampling.Rollout, prompt_ids: list[int]) -> np.ndarray:
+    def score(rollout: Rollout, prompt_ids: list[int]) -> np.ndarray:
         # The last batch repeats its last prompt to keep shapes fixed: those rows are dropped
         # (a per-text verifier does not check them: a verifier call can be the costly part).
         real = len(dict.fromkeys(prompt_ids)) * n
@@ -187,12 +189,12 @@ def count_successes(
             # A task scores the whole rollout at once; the padding rows' scores are dropped.
             return np.asarray(verify.score(rollout, rows)["correct"])[:real] >= 1.0
         rows = rows[:real]
-        tokens = sampling.completions(rollout)[:real]
+        tokens = completions(rollout)[:real]
         texts = [tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
         solved = [bool(verify(t, ex)) for t, ex in zip(texts, rows, strict=True)]
         return np.asarray(solved + [False] * (len(prompt_ids) * n - real))
 
-    solved = sampling.generate_in_batches(
+    solved = generate_in_batches(
         params,
         encoded.ids,
         score,
@@ -202,7 +204,7 @@ def count_successes(
         buckets=buckets,
         pad_id=tokenizer.pad_id,
         group_size=n,
-        sp=sampling.sampling_params(batch_prompts * n, temperature, top_p),
+        sp=sampling_params(batch_prompts * n, temperature, top_p),
         seed=seed,
     )
     counts = solved.reshape(-1, n).sum(axis=1)

@@ -2,8 +2,8 @@
 
 Host code. Two trainers on one workdir would interleave their ledgers and delete each other's
 checkpoints, so whatever writes into a run's workdir holds the lock: training (`main`, and
-`program.run.run_stage` for callers in a process of their own), `eval` when its JSON goes into the
-workdir, `export` when `--out` lies inside it. A second one refuses at once with
+`program.runtime.run.run_stage` for callers in a process of their own), `eval` when its JSON goes
+into the workdir, `export` when `--out` lies inside it. A second one refuses at once with
 `WorkdirBusyError`, naming the holder's pid, host, purpose and start time; the commands then exit
 with status `BUSY_EXIT_STATUS` (2). Reading a run's checkpoints (`eval --out` elsewhere, `export`
 to another directory) takes no lock: orbax renames a checkpoint into place only when it is

@@ -12,7 +12,7 @@ format rate (the task's "format" part, where the task has one) and the language-
 task (tools), the tool-call rate and tool errors per episode instead. Where the pipeline
 names prompt templates for thinking on and off (`pipeline.eval_modes`), greedy accuracy, length
 and the rate of non-empty thinking blocks under each (`mode_rates`); where it names thinking
-budgets, greedy accuracy and the early-end rate at each (`program.thinking_budget`).
+budgets, greedy accuracy and the early-end rate at each (`program.evals.thinking_budget`).
 
 Host code: generation and verification are `evaluation`'s and the task's.
 """
@@ -27,17 +27,19 @@ from typing import Any
 
 import numpy as np
 
-from rlvr_jax import sampling
 from rlvr_jax.data import templates
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
-from rlvr_jax.program import build, evaluation, plots, thinking_budget
+from rlvr_jax.program.evals import evaluation, plots, thinking_budget
+from rlvr_jax.program.parts import build
 from rlvr_jax.program.settings import Settings
 from rlvr_jax.rewards import format as format_lib
 from rlvr_jax.rewards.format import has_thought
+from rlvr_jax.sampling.host import completions, generate_in_batches
+from rlvr_jax.types import Rollout
 
 ACCURACY = "greedy acc."
 LENGTH = "length"
@@ -72,10 +74,10 @@ def _greedy_scores(
     greedy = dataclasses.replace(build.sampler_config(s, tok), method="greedy")
     with build_task(s.reward, tok, model_cfg.vocab_size, enc.examples, s.data.template) as task:
 
-        def score(rollout: sampling.Rollout, prompt_ids: list[int]) -> dict[str, np.ndarray]:
+        def score(rollout: Rollout, prompt_ids: list[int]) -> dict[str, np.ndarray]:
             rows = [enc.examples[j] for j in prompt_ids]
             parts = task.score(rollout, rows)
-            texts = [response_text(t, tok) for t in sampling.completions(rollout)]
+            texts = [response_text(t, tok) for t in completions(rollout)]
             language = [
                 format_lib.language_consistency(ex.prompt_text, text)
                 for ex, text in zip(rows, texts, strict=True)
@@ -90,7 +92,7 @@ def _greedy_scores(
                 out["format"] = np.asarray(parts["format"], np.float32)
             return out
 
-        return sampling.generate_in_batches(
+        return generate_in_batches(
             params,
             enc.ids,
             score,

@@ -36,8 +36,10 @@ import ml_collections
 import numpy as np
 
 from rlvr_jax.config_types import ConfigError
-from rlvr_jax.program import metrics, plots, stages
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.evals import plots
+from rlvr_jax.program.runtime import metrics
+from rlvr_jax.program.stages import dispatch
 
 # Every variant starts from these values, so that a base config's own choices of stage,
 # estimator, aggregation, length reward or sampler cannot leak into the comparison.
@@ -245,7 +247,7 @@ def warm_start(
     c.sft.batch_size = ablation.warm_start_batch_size
     c.sft.export = True
     c.optim.learning_rate = ablation.warm_start_learning_rate
-    out = stages.run(settings_lib.settings_from_config(c), workdir, log=log)
+    out = dispatch.run(settings_lib.settings_from_config(c), workdir, log=log)
     result = {
         "source": str(out["export"]),
         "eval_before": out["eval_before"],
@@ -264,7 +266,7 @@ def run_one(
         return json.loads(done.read_text())
     settings = settings_lib.settings_from_config(config)
     start = time.time()
-    out = stages.run(settings, run_dir, log=log)
+    out = dispatch.run(settings, run_dir, log=log)
     result = {
         "eval_before": out["eval_before"],
         "eval_after": out["eval_after"],

@@ -5,10 +5,10 @@
 of them are held out. The reward model is the policy's decoder (`model.source`: the preset, a
 Hugging Face directory such as an SFT run's export, a GGUF file) with a zero scalar head
 (`rewards.reward_model`). The state, optimizer (`optim`), checkpoints, resume and metrics ledger
-are the run skeleton's (`program.run`), so a run resumes exactly from its workdir; the
+are the run skeleton's (`program.runtime.run`), so a run resumes exactly from its workdir; the
 "evaluation" is the held-out pairwise accuracy (the fraction of pairs scored chosen > rejected),
 before and after. An RL run then uses the newest checkpoint as a reward part with
-`reward.rm_path=<workdir>` (`program.learned_rewards`).
+`reward.rm_path=<workdir>` (`program.parts.learned_rewards`).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from rlvr_jax.data.preferences import (
     pairs_from_examples,
 )
 from rlvr_jax.model.config import ModelConfig
-from rlvr_jax.program import build
-from rlvr_jax.program.learned_rewards import rm_train_state
-from rlvr_jax.program.run import Stage, run_stage
+from rlvr_jax.program.parts import build
+from rlvr_jax.program.parts.learned_rewards import rm_train_state
+from rlvr_jax.program.runtime.run import Stage, run_stage
 from rlvr_jax.program.settings import Settings
 from rlvr_jax.rewards import reward_model as rm_lib
 from rlvr_jax.rl import state as state_lib

@@ -12,7 +12,7 @@ each prompt in thinking mode, as the fusion row will put it (the "/think" flag a
 question, or the chat template's `enable_thinking=True`), and `sft.traces.traces_from_samples`
 turns the kept answers into the rows' thoughts.
 
-Host code: generation is `sampling.generate_in_batches`, verification `Task.score`.
+Host code: generation is `generate_in_batches`, verification `Task.score`.
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from rlvr_jax import sampling
 from rlvr_jax.data import modes, templates
 from rlvr_jax.envs.single_turn import build_task
-from rlvr_jax.program import build
-from rlvr_jax.program.pipeline_eval import response_text
+from rlvr_jax.program.parts import build
 from rlvr_jax.program.settings import Settings
+from rlvr_jax.program.studies.pipeline_eval import response_text
+from rlvr_jax.sampling.config import sampling_params
+from rlvr_jax.sampling.host import completions, generate_in_batches
+from rlvr_jax.types import Rollout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,9 +103,9 @@ def sample_demonstrations(
     B, G = s.eval.batch_prompts, num_samples
     with build_task(s.reward, tok, model_cfg.vocab_size, enc.examples, s.data.template) as task:
 
-        def score(rollout: sampling.Rollout, prompt_ids: list[int]):
+        def score(rollout: Rollout, prompt_ids: list[int]):
             rows = [enc.examples[j] for j in prompt_ids for _ in range(G)]
-            texts = [response_text(t, tok) for t in sampling.completions(rollout)]
+            texts = [response_text(t, tok) for t in completions(rollout)]
             parts = task.score(rollout, rows)
             # As in R1, a kept answer is right and, where the task checks a format, well formed.
             ok = np.asarray(parts["correct"]) > 0.5
@@ -111,7 +113,7 @@ def sample_demonstrations(
                 ok &= np.asarray(parts["format"]) > 0.5
             return ok, np.asarray(texts, dtype=object)
 
-        correct, texts = sampling.generate_in_batches(
+        correct, texts = generate_in_batches(
             params,
             enc.ids,
             score,
@@ -121,7 +123,7 @@ def sample_demonstrations(
             buckets=s.data.buckets,
             pad_id=tok.pad_id,
             group_size=G,
-            sp=sampling.sampling_params(B * G, temperature, 1.0),
+            sp=sampling_params(B * G, temperature, 1.0),
             seed=s.train.seed,
         )
     correct_BG, texts_BG = correct.reshape(-1, G), texts.reshape(-1, G)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from rlvr_jax.program import rl_stage, rm_stage, sft_stage
 from rlvr_jax.program.settings import Settings
+from rlvr_jax.program.stages import rl_stage, rm_stage, sft_stage
 
 STAGES = {"rl": rl_stage.run, "sft": sft_stage.run, "rm": rm_stage.run}
 
@@ -19,7 +19,7 @@ def run(
     resume_step: int | None = None,
 ) -> dict:
     """Runs the stage the settings name ("rl", "sft" or "rm") in `workdir`, resuming from it (see
-    `program.run.run_stage` for what a resume may change)."""
+    `program.runtime.run.run_stage` for what a resume may change)."""
     return STAGES[settings.train.stage](
         settings,
         workdir,

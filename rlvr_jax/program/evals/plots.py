@@ -22,7 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from rlvr_jax.program import metrics
+from rlvr_jax.program.runtime import metrics
 
 Records = Sequence[Mapping[str, Any]]
 # One list of records per seed, by variant name.

@@ -8,7 +8,7 @@ plus a `pipeline` section:
     `model.source` the previous stage's exported weights (the first stage keeps the base's).
     `rejection_samples` > 0 makes an SFT stage rejection-sampled: before it trains, that many
     answers per training prompt are sampled from its starting weights and the verified ones
-    become its demonstrations (`program.rejection`). `fusion` makes an SFT stage train on
+    become its demonstrations (`program.studies.rejection`). `fusion` makes an SFT stage train on
     Qwen3-style thinking and non-thinking rows built from its training examples
     (`sft.traces`, `sft.fusion`): `think_fraction` of the examples with a thought become
     thinking rows (1.0: a long-CoT cold start), their answers written with `sft.response_format`.
@@ -17,7 +17,7 @@ plus a `pipeline` section:
     thinking mode (the row's "/think" flag or `enable_thinking`) and verified
     (`sft.traces.traces_from_samples`); a prompt with no verified thinking answer keeps only its
     non-thinking row.
-  A stage with `train.stage="rm"` trains a reward model (`program.rm_stage`) from the current
+  A stage with `train.stage="rm"` trains a reward model (`program.stages.rm_stage`) from the current
     policy's weights; it is not a policy stage: the next stage starts from the same weights as
     it did, and it has no row in the table (its pairwise accuracy goes to the log and to
     `pipeline.json`). A later stage reads it with `reward.rm_path="@<its name>"`.
@@ -32,12 +32,12 @@ plus a `pipeline` section:
     log line of each stage (default "greedy acc."; e.g. "think acc." with `eval_modes`).
   eval_think_budgets: thinking budgets (comma-separated) at which greedy accuracy and the
     early-end rate are measured, under the template of `eval_budget_mode` (a key of
-    `eval_modes`; "": the base template): `program.thinking_budget`.
+    `eval_modes`; "": the base template): `program.evals.thinking_budget`.
 
 Every stage is an ordinary stage workdir, `<workdir>/<index>_<name>/` (checkpoints, ledger,
 settings), which ends with `hf/` (its weights, the next stage's `model.source`) and
 `stage.json` (its steps and evaluation). A rerun skips the stages with a `stage.json` and
-resumes a partly trained one from its newest checkpoint (`stages.run`). The starting model's
+resumes a partly trained one from its newest checkpoint (`dispatch.run`). The starting model's
 evaluation is `<workdir>/0_start/stage.json`; the baseline runs in `<workdir>/baseline_<name>/`.
 At the end: `<workdir>/pipeline.md` (the stage x metric table, `pipeline_eval`), `pipeline.json`
 and `pipeline.png`.
@@ -61,10 +61,12 @@ import ml_collections
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data import templates
 from rlvr_jax.model import hf
-from rlvr_jax.program import build, pipeline_eval, rejection, stages
 from rlvr_jax.program import settings as settings_lib
-from rlvr_jax.program.ablation import override
-from rlvr_jax.program.evaluation import EvalOptions
+from rlvr_jax.program.evals.evaluation import EvalOptions
+from rlvr_jax.program.parts import build
+from rlvr_jax.program.stages import dispatch
+from rlvr_jax.program.studies import pipeline_eval, rejection
+from rlvr_jax.program.studies.ablation import override
 from rlvr_jax.sft import fusion, traces
 
 EXPORT = "hf"
@@ -276,7 +278,8 @@ def _write_done(run_dir: Path, record: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def read_samples(path: Path) -> dict[str, list[str]]:
-    """Rejection-sampled responses by example id (`program.rejection`'s rows, "<id>/rs<i>")."""
+    """Rejection-sampled responses by example id (`program.studies.rejection`'s rows,
+    "<id>/rs<i>")."""
     samples: dict[str, list[str]] = {}
     for line in path.read_text().split("\n"):
         if line.strip():
@@ -364,7 +367,7 @@ def run_one_stage(
         out = write_fusion_data(config, stage.fusion, run_dir / "fusion.jsonl", demos, log)
         config.sft.path = str(out)
     settings = settings_lib.settings_from_config(config)
-    out = stages.run(settings, run_dir, log=log)
+    out = dispatch.run(settings, run_dir, log=log)
     # An SFT stage exports its weights only once it reached its last step.
     if out["export"] is None if "export" in out else out["steps"] < settings.train.steps:
         raise StageStoppedError(f"{label} stopped at step {out['steps']}; rerun to resume it")
@@ -419,7 +422,7 @@ def run_reward_model_stage(
         return done
     start = time.time()
     settings = settings_lib.settings_from_config(config)
-    out = stages.run(settings, run_dir, log=log)
+    out = dispatch.run(settings, run_dir, log=log)
     if out["steps"] < settings.train.steps:
         raise StageStoppedError(f"{label} stopped at step {out['steps']}; rerun to resume it")
     after = out["eval_after"] or {}

@@ -17,7 +17,7 @@ Non-finite values are written as null (strict JSON) and counted. When a run resu
 checkpoint, step rows past the restored step and the previous attempt's final evaluation are
 dropped, so the file describes one history; steps before it that have no rows (the file deleted
 or cut short) are named in a warning on the console, and the run goes on (`ledger.resume`).
-Reading and rewriting the file is `program.ledger`, whose names this module re-exports.
+Reading and rewriting the file is `program.runtime.ledger`, whose names this module re-exports.
 
 Every file is written in the caller's thread, one append per step, so a full disk or a read-only
 directory stops the run at that step with one `MetricsWriteError` naming the path and the error,
@@ -40,9 +40,9 @@ from typing import Any, TextIO
 import jax
 import numpy as np
 
-from rlvr_jax.program import event_files, ledger
-from rlvr_jax.program.event_files import MetricsWriteError
-from rlvr_jax.program.ledger import (
+from rlvr_jax.program.runtime import event_files, ledger
+from rlvr_jax.program.runtime.event_files import MetricsWriteError
+from rlvr_jax.program.runtime.ledger import (
     EVAL,
     FINAL,
     METRICS_FILE,

@@ -1,6 +1,6 @@
 """What a checkpoint holds against what the caller's train state expects.
 
-Host code for `program.checkpoint`: the restore target of a saved tree (shapes, dtypes and
+Host code for `program.runtime.checkpoint`: the restore target of a saved tree (shapes, dtypes and
 shardings taken from the caller's state; the adapters only for a LoRA run saved without its
 base), the leaf names orbax writes, the comparison of both before any array is read, and the
 errors a restore raises.

@@ -46,9 +46,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from rlvr_jax.model import lora as lora_lib
-from rlvr_jax.program import checkpoint_layout as layout
-from rlvr_jax.program import checkpoint_threads
-from rlvr_jax.program.checkpoint_layout import CheckpointError, CorruptCheckpointError
+from rlvr_jax.program.runtime import checkpoint_layout as layout
+from rlvr_jax.program.runtime import checkpoint_threads
+from rlvr_jax.program.runtime.checkpoint_layout import CheckpointError, CorruptCheckpointError
 from rlvr_jax.rl.state import TrainState
 
 FORMAT_VERSION = 1

@@ -21,7 +21,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from rlvr_jax import sampling
 from rlvr_jax.data import datasets, templates
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
@@ -29,10 +28,13 @@ from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.envs.task import MultiTurnTask, Task
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
-from rlvr_jax.program import eval_metrics
-from rlvr_jax.program.build import sampler_config
+from rlvr_jax.program.evals import eval_metrics
+from rlvr_jax.program.parts.build import sampler_config
 from rlvr_jax.program.settings import DataSettings, Settings
 from rlvr_jax.rl import multiturn
+from rlvr_jax.sampling.config import SamplerConfig, sampling_params
+from rlvr_jax.sampling.host import generate_in_batches
+from rlvr_jax.types import FINISH_LENGTH, Rollout
 
 GREEDY, SAMPLED, EPISODES = "greedy", "sampled", "episodes"
 ALL = "all"
@@ -67,7 +69,7 @@ class EvalOptions:
             )
         if any(k < 1 for k in self.ks):
             raise ValueError(f"ks={self.ks} must be positive")
-        sampling.sampling_params(1, self.temperature, self.top_p)  # validates the values
+        sampling_params(1, self.temperature, self.top_p)  # validates the values
 
 
 def load_named(
@@ -109,7 +111,7 @@ def generate_and_score(
     task: Task,
     ids: Sequence[Sequence[int]],
     examples: Sequence[Example],
-    sampler_cfg: sampling.SamplerConfig,
+    sampler_cfg: SamplerConfig,
     G: int,
     buckets: Sequence[int],
     pad_id: int,
@@ -147,16 +149,16 @@ def generate_and_score(
         return (
             correct.reshape(-1, G) > 0.5,
             lengths.reshape(-1, G),
-            finish.reshape(-1, G) == sampling.FINISH_LENGTH,
+            finish.reshape(-1, G) == FINISH_LENGTH,
         )
 
-    def score(rollout: sampling.Rollout, prompt_ids: list[int]):
+    def score(rollout: Rollout, prompt_ids: list[int]):
         rows = [examples[j] for j in prompt_ids for _ in range(G)]
         return task.score(rollout, rows)["correct"], rollout.lengths_N, rollout.finish_N
 
-    # `sampling.generate` is jitted once for the module: calls with the same shapes and sampler
+    # `generate` is jitted once for the module: calls with the same shapes and sampler
     # settings (greedy, then the n samples; every evaluation) compile nothing.
-    correct, lengths, finish = sampling.generate_in_batches(
+    correct, lengths, finish = generate_in_batches(
         params,
         ids,
         score,
@@ -166,13 +168,13 @@ def generate_and_score(
         buckets=buckets,
         pad_id=pad_id,
         group_size=G,
-        sp=sampling.sampling_params(batch_prompts * G, temperature, top_p),
+        sp=sampling_params(batch_prompts * G, temperature, top_p),
         seed=seed,
     )
     return (
         correct.reshape(-1, G) > 0.5,
         lengths.reshape(-1, G),
-        finish.reshape(-1, G) == sampling.FINISH_LENGTH,
+        finish.reshape(-1, G) == FINISH_LENGTH,
     )
 
 
@@ -181,7 +183,7 @@ def episodes_and_score(
     model_cfg: ModelConfig,
     task: MultiTurnTask,
     examples: Sequence[Example],
-    sampler_cfg: sampling.SamplerConfig,
+    sampler_cfg: SamplerConfig,
     G: int,
     buckets: Sequence[int],
     pad_id: int,
@@ -217,7 +219,7 @@ def episodes_and_score(
         response_format=task.response_format,
     )
     context_buckets = (*buckets, max(buckets) + T)
-    sp = sampling.sampling_params(B * G, temperature, top_p)
+    sp = sampling_params(B * G, temperature, top_p)
     key = jax.random.key(seed)
     out = []
     for i, start in enumerate(range(0, len(examples), B)):

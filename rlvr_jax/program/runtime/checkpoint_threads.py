@@ -1,6 +1,6 @@
 """Orbax's background threads of a save that failed or was given up: woken, so they end.
 
-Host code for `program.checkpoint`. An asynchronous orbax save runs its writes in non-daemon
+Host code for `program.runtime.checkpoint`. An asynchronous orbax save runs its writes in non-daemon
 threads, each waiting for a signal ("the step directory exists") before it writes. When the step
 that sends the signal fails (the checkpoints path is a file, a read-only file system) or the save
 is abandoned half-way (a second Ctrl-C), the others wait for it until orbax's coordination
@@ -10,7 +10,7 @@ them wakes, sees that it is cancelled and returns without writing.
 
 This reaches into orbax's internals (`orbax.checkpoint._src.futures`); where they differ from
 the version this was written against, `release` does nothing and says so in a warning, and the
-entry points' exit watchdog (`program.preemption.exit_after_error`) still ends the process.
+entry points' exit watchdog (`program.runtime.preemption.exit_after_error`) still ends the process.
 """
 
 from __future__ import annotations

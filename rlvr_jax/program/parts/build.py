@@ -24,11 +24,11 @@ from rlvr_jax.model import hf, loading
 from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params, init_params
-from rlvr_jax.program import checkpoint as ckpt_lib
+from rlvr_jax.program.runtime import checkpoint as ckpt_lib
 from rlvr_jax.program.settings import DataSettings, ModelSettings, Settings, load_settings
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import value as value_lib
-from rlvr_jax.sampling import SamplerConfig
+from rlvr_jax.sampling.config import SamplerConfig
 
 CHECKPOINTS = "checkpoints"
 

@@ -26,16 +26,17 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from rlvr_jax import sampling
 from rlvr_jax.data import templates
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
-from rlvr_jax.program import build
+from rlvr_jax.program.parts import build
 from rlvr_jax.program.settings import Settings
+from rlvr_jax.sampling.host import generate_in_batches
 from rlvr_jax.sft.fusion import THINK_CLOSE, THINK_OPEN
+from rlvr_jax.types import FINISH_LENGTH, Rollout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,19 +106,19 @@ def budget_curve(
     points = []
     with build_task(s.reward, tok, model_cfg.vocab_size, enc.examples, s.data.template) as task:
 
-        def score(rollout: sampling.Rollout, prompt_ids: list[int]):
+        def score(rollout: Rollout, prompt_ids: list[int]):
             rows = [enc.examples[j] for j in prompt_ids]
             forced_N = jax.device_get(rollout.injected_NT).any(axis=1)
             return (
                 task.score(rollout, rows)["correct"],
                 forced_N,
                 rollout.lengths_N,
-                (rollout.finish_N == sampling.FINISH_LENGTH),
+                (rollout.finish_N == FINISH_LENGTH),
             )
 
         for budget in budgets:
             cfg = dataclasses.replace(greedy, think_budget=int(budget))
-            correct, forced, lengths, truncated = sampling.generate_in_batches(
+            correct, forced, lengths, truncated = generate_in_batches(
                 params,
                 enc.ids,
                 score,

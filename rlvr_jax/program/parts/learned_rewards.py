@@ -23,8 +23,8 @@ from rlvr_jax.model import sharding
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.heads import ScalarHead
 from rlvr_jax.model.transformer import Params, init_params
-from rlvr_jax.program import build
-from rlvr_jax.program import checkpoint as ckpt_lib
+from rlvr_jax.program.parts import build
+from rlvr_jax.program.runtime import checkpoint as ckpt_lib
 from rlvr_jax.program.settings import Settings, load_settings
 from rlvr_jax.rewards import reward_model as rm_lib
 from rlvr_jax.rl import state as state_lib

@@ -1,9 +1,9 @@
 """The metrics ledger's file, `<workdir>/metrics.jsonl`: its records, reading them, and making it
 one history again when a run resumes.
 
-Host code; `program.metrics.MetricsWriter` writes the file (and re-exports these names). One JSON
-object per line: "step", the record's kind ("record": `STEP`, `EVAL`, `FINAL`, `STARTUP`; see
-`program.metrics`), wall-clock "time", then the metrics.
+Host code; `program.runtime.metrics.MetricsWriter` writes the file (and re-exports these names). One
+JSON object per line: "step", the record's kind ("record": `STEP`, `EVAL`, `FINAL`, `STARTUP`; see
+`program.runtime.metrics`), wall-clock "time", then the metrics.
 
 Damage is reported, never guessed around: a torn last line (a crash mid-write, also one cut
 inside a multi-byte character) is ignored with a warning; any other line that is not a UTF-8
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from rlvr_jax.program import event_files
+from rlvr_jax.program.runtime import event_files
 
 METRICS_FILE = "metrics.jsonl"
 # The kinds of record, in the "record" field of each line.
