@@ -113,9 +113,11 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
-    assert "termination signal" in out
+    (line,) = [x for x in out.splitlines() if x.startswith("stopped at step ")]
+    step = int(line.split()[3])
+    assert f"stopped at step {step} by SIGTERM: checkpoint step {step} is saved" in line
     saved = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
-    assert saved and max(saved) >= 3
+    assert step >= 3 and max(saved) == step
 
 
 def test_settings_errors_name_the_field():

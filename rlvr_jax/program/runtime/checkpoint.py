@@ -219,6 +219,8 @@ class Checkpointer:
         step = int(step)
         if self.read_only:
             raise CheckpointError(f"{self} is read-only; cannot save step {step}")
+        if self._closed:
+            raise CheckpointError(f"{self} is closed; cannot save step {step}")
         if not (force or self.should_save(step)):
             return False
         if step in self.all_steps():
