@@ -17,7 +17,8 @@ block the template writes into the prompt. The stages:
   2. rl_think: 200 GRPO steps of 32 prompts x 8 samples in thinking mode, lr 1e-6;
   3. fusion: SFT on half thinking, half non-thinking rows, 100 steps, lr 5e-6; as in Qwen3, the
      thinking rows are the RL model's own answers, 4 sampled per training problem in thinking
-     mode and verified (`program.rejection`); a problem with none keeps its non-thinking row;
+     mode and verified (`program.studies.rejection`); a problem with none keeps its non-thinking
+     row;
   4. rl_general: 100 GRPO steps on prompts of both modes (`data.modes="enable_thinking"`, half
      of them thinking), rewarded for the answer and, with weight 0.5, for following the mode.
 The baseline spends the same 600 steps on the fusion SFT alone, from Qwen3-0.6B (its thinking

@@ -24,8 +24,8 @@ The baseline spends the same number of steps on the fusion SFT alone, from the s
 
 `--config=configs/pipelines/qwen3_tiny.py:samples=4` is Qwen3's own fusion stage: its thinking
 rows are the RL model's answers, 4 sampled per training problem under "/think" and verified
-(`program.rejection`); a problem with no verified answer keeps only its non-thinking row. That
-variant has no baseline: the random starting model has no verified answers to sample.
+(`program.studies.rejection`); a problem with no verified answer keeps only its non-thinking row.
+That variant has no baseline: the random starting model has no verified answers to sample.
 
 After every stage, on 64 held-out problems: greedy accuracy with no flag (a prompt no stage
 trained on), and under each flag ("think", "no_think") greedy accuracy, length and the share of
