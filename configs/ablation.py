@@ -1,42 +1,21 @@
 """The objective-bias study: GRPO and its corrected variants on one prompt set and rollout budget.
 
-Command (CPU, the shipped setting; 12 minutes measured on 2 shared cores for the nine GRPO-family
-variants, 2026-11-29; the ppo variant added 7 minutes under a heavier load, kimi 3.5 minutes,
-2026-12-01):
+Command (CPU; 12 min 7 s for the nine GRPO-family variants on a shared 2-core CPU, 2026-11-29;
+the ppo variant added 7 minutes under a heavier load and kimi 3 min 27 s, 2026-12-01):
   python -m rlvr_jax.ablate --config=configs/ablation.py --workdir=/tmp/ablation
-
-It writes `/tmp/ablation/ablation.md` (the table), `/tmp/ablation/plots/*.png` and one run
-directory per variant and seed under `/tmp/ablation/runs/`. Rerunning the command skips runs
-that finished and redraws the table and plots.
-
-The model. A from-scratch model cannot start RL here: the 2-layer `random:tiny` model trained
-by RL alone on single-digit addition learns the answer format, not the sums (held-out accuracy
-0.125 after 1000 steps, measured). So the study first fine-tunes it on demonstrations for 30
-steps (`ablation.warm_start`, the R1 "cold start"), which leaves it at 0.188 held-out greedy
-accuracy: groups of 8 then hold a mix of successes and failures, which is where the variants
-differ. Every variant and seed starts from that same
-warm-started policy. The RL budget is the same for all: 200 steps x 16 prompts x 8 samples
-(25,600 verified samples), 6 new tokens at most, lr 1e-3 (Adam, constant), on-policy (one
-update per rollout, so the clipped and unclipped surrogates coincide). Seeds 0..4 change the
-rollout sampling (`train.seed`); the prompts, their order and the starting weights stay fixed.
-Five seeds, because the spread between seeds is large at this scale.
-
-Caveats the numbers carry: level-1 arithmetic has only 100 distinct problems, so the 256
-"held-out" prompts repeat problems seen in training (accuracy measures the policy on this
-task, not generalisation); responses are one or two digits and an end token, so the length
-effects that the aggregations are about have little room to appear.
-
-On a TPU with Qwen (`configs/ablation.py:qwen`), on a single-host TPU VM:
+On a single-host TPU VM (docs/ablation/README.md: splitting the variants over several VMs):
   python -m rlvr_jax.ablate --config=configs/ablation.py:qwen --workdir=/mnt/disk/ablation \\
     --config.model.source=/path/to/Qwen2.5-Math-1.5B
-runs the same variants on GSM8K (train split; 256 problems of the test split for evaluation),
-verified by the math verifier in a host process pool, bf16, 32 prompts x 8 samples a step, 512
-new tokens, 100 steps, no warm start. `model.source` may be a local Hugging Face directory or a
-hub id; `data.path` can point at local GSM8K JSONL. The workdir must be a local path (the table
-and plots are written with plain file IO). `--config.ablation.variants=grpo,dr_grpo` splits the
-variants over several VMs; copy their `runs/` into one workdir and run once more to draw the
-joint table (finished runs are skipped). This setting has not been run; its budget is a
-starting point, and `--config.train.steps` sets a shorter first look.
+
+Model and task: the from-scratch 2-layer `random:tiny` model on single-digit addition. RL alone
+cannot start it (0.125 held-out accuracy after 1000 steps, measured), so 30 SFT steps first
+(`ablation.warm_start`, 0.188 held-out greedy accuracy); then every variant from that policy,
+200 steps x 16 prompts x 8 samples, seeds 0-4. `:qwen`: GSM8K with a Qwen2.5-Math checkpoint and
+the math verifier, 32 prompts x 8 samples, 512 new tokens, 100 steps, no warm start.
+
+Expected result: the table in docs/ablation/README.md, written to `<workdir>/ablation.md` with
+plots and one run directory per variant and seed (a rerun skips finished runs). `:qwen`: not
+measured.
 """
 
 import ml_collections

@@ -12,7 +12,7 @@ data, tests and solutions included, so its scores would mean nothing.
 
 Measured on a shared 2-core CPU (load average about 11), 2026-12-01: the 164 problems did not
 finish within 15 minutes; with `--num_prompts=8 --batch_prompts=8` (HumanEval/0 to /7), pass@1
-0.000 (0 of 8), mean response 147 tokens, 3 of 8 cut at 256, 5 min 42 s in all. Training on it
+0.000 (0 of 8), mean length 146.6 tokens, 3 of 8 cut at 256, 5 min 42 s in all. Training on it
 (`python -m rlvr_jax.main`, `data.num_eval` problems held out) has not been run.
 """
 

@@ -1,46 +1,23 @@
 """GRPO on GSM8K with Qwen2.5-0.5B-Instruct (or Qwen3-0.6B with `:qwen3`), R1 template.
 
-Commands (GSM8K comes from the Hugging Face hub, `openai/gsm8k`; `pip install -e ".[datasets]"`):
+Commands (GSM8K from the hub, `pip install -e ".[datasets]"`, or local JSONL, e.g.
+`--config.data.path=../shared/data/gsm8k`; weights from the hub or `--config.model.source=DIR`):
   python -m rlvr_jax.main --config=configs/qwen_small.py --workdir=runs/qwen_small
   python -m rlvr_jax.main --config=configs/qwen_small.py:qwen3 --workdir=runs/qwen3_small
-Without the hub, point `data.path` at local JSONL: a directory holding train.jsonl and test.jsonl
-(rows {"question", "answer"}, as in openai/grade-school-math), or one holding gsm8k/*.jsonl:
-  python -m rlvr_jax.main --config=configs/qwen_small.py --workdir=runs/qwen_small \\
-      --config.data.path=../shared/data/gsm8k
-Weights come from the Hugging Face hub id, or from a local directory holding config.json,
-*.safetensors and the tokenizer files: `--config.model.source=/path/to/Qwen2.5-0.5B-Instruct`.
-Evaluate a checkpoint on the GSM8K test split (from wherever the run read GSM8K), or on AIME + AMC
-with pass@k from a directory holding aime/test.jsonl and amc/test.jsonl:
-  python -m rlvr_jax.eval --workdir=runs/qwen_small
-  python -m rlvr_jax.eval --workdir=runs/qwen_small --datasets=aime,amc \\
-      --data_path=../shared/data --n=16 --k=1,4,16 --max_new_tokens=1024
-
-Hardware: sized for one accelerator with 32 GiB or more (a TPU v4 chip of a v4-8, one GPU of
-40-80 GiB); the run uses one device. By arithmetic, not measurement: f32 parameters, gradients
-and Adam moments of 0.5B weights take about 8 GiB; 256 rows x 832 tokens of bf16 activations at
-the 24 layer boundaries (remat) about 9 GiB, split over 4 microbatches; the bf16 KV cache of the
-rollout about 2.6 GiB. On a 16 GiB v5e chip lower `train.batch_prompts` to 16.
-
-The task: GSM8K train split for prompts (7,473), the first 256 problems of the test split for
-the held-out greedy accuracy during training (`data.num_eval=1319` or `rlvr_jax.eval` for the
-whole split). Prompts longer than the largest bucket are counted and skipped. The R1-Zero
-template (plain text, no chat template, ending in "Assistant: <think>"); the reward is correctness
-(math verifier on the <answer> block, in a process pool) plus 0.1 x the R1 format.
-
-Long answers (`:qwen3_long`): Qwen3-0.6B with its thinking chat template, answers of up to
-4,096 tokens, a thinking budget (after 3,584 tokens inside <think> the sampler injects </think>),
-continuous batching in the rollout (`rl.decode_slots="auto"`: 16 slots for the 64 rows) and the
-microbatch count chosen from compiled memory (`rl.num_microbatches="auto"`, 16 GiB budget):
   python -m rlvr_jax.main --config=configs/qwen_small.py:qwen3_long --workdir=runs/qwen3_long
-Its memory: `rl.num_microbatches="auto"` compiles the step before the first one and keeps the
-fewest microbatches that fit 16 GiB. Qwen3-0.6B itself was not compiled here; the nearest figure
-is Qwen2.5-0.5B's update of 8 rows x 4,096 generated tokens with remat on one simulated 16 GiB
-chip, 13.43 GiB in one microbatch (`python benchmarks/memory.py --models=qwen2.5-0.5b
---long=4096 --chip=v5e-1`, benchmarks/README.md).
+  python -m rlvr_jax.eval --workdir=runs/qwen_small
 
-Expected result: none measured here. This machine has no TPU or GPU and no Qwen weights
-offline, so neither this config nor its figures were run; only its settings are checked
-(tests/test_configs_qwen_small.py). Treat the hyperparameters as a starting point.
+Task: GSM8K's training problems, the first 256 test problems held out; the R1-Zero template; the
+reward is correctness (the math verifier on the <answer> block) plus 0.1 x the R1 format.
+`:qwen3_long`: Qwen3's thinking template, answers of up to 4,096 tokens (docs/stages.md).
+
+Hardware: one accelerator with 32 GiB or more (on a 16 GiB v5e chip, `train.batch_prompts=16`).
+By arithmetic, not measurement: f32 parameters, gradients and Adam moments about 8 GiB; 256 rows
+x 832 tokens of bf16 activations at the 24 layer boundaries (remat, 4 microbatches) about 9 GiB;
+the bf16 KV cache of the rollout about 2.6 GiB.
+
+Expected result: not measured (no TPU, GPU or Qwen weights were available); only the settings
+are checked (tests/test_configs_qwen_small.py). Treat the hyperparameters as a starting point.
 """
 
 import ml_collections

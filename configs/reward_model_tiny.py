@@ -1,25 +1,20 @@
 """A reward model for the tiny model's single-digit addition: a learned verifier, in seconds.
 
-Command:
+Command (a laptop CPU):
   python -m rlvr_jax.main --config=configs/reward_model_tiny.py --workdir=/tmp/rm_tiny
-
-Hardware: a laptop CPU. The model, tokenizer, task and prompt template are those of
-`configs/tiny.py`; `rm.path` is empty, so the preference pairs are built from the task's
-examples: the right answer ("3+4=" -> "7") chosen over another problem's answer ("3+4=" -> "9").
-The reward model is the tiny decoder with a scalar head read at the end token, trained with the
-Bradley-Terry loss; the held-out pairwise accuracy (64 pairs) is printed before and after.
-
-Expected result (measured on a 2-core CPU shared with other jobs, 2026-12-01): loss 0.6931 at
-step 1, 0.2852 at step 800; held-out pairwise accuracy 0.000 before (a zero head ties every
-pair), 0.797 after. At 200 steps the loss had barely moved (0.685, accuracy 0.500): telling the
-answers apart needs the model to learn addition.
-
 An RL run then adds its score as the reward part "preference":
   python -m rlvr_jax.main --config=configs/tiny.py --workdir=/tmp/tiny_rm_rl \\
     --config.reward.rm_path=/tmp/rm_tiny --config.reward.rm_weight=0.5
 
-To train on a file of preference pairs instead, set `rm.path` to a JSONL file with one
-{"prompt": ..., "chosen": ..., "rejected": ...} object a line.
+Model and task: `configs/tiny.py`'s decoder with a scalar head read at the end token, trained
+with the Bradley-Terry loss; `rm.path` is empty, so the pairs come from the task's examples, the
+right answer ("3+4=" -> "7") chosen over another problem's ("3+4=" -> "9"). A JSONL file of
+{"prompt", "chosen", "rejected"} objects in `rm.path` replaces them (docs/reward_models.md).
+
+Expected result (2-core CPU shared with other jobs, 2026-12-01): loss 0.6931 at step 1, 0.2852
+at step 800; held-out pairwise accuracy (64 pairs) 0.000 before (a zero head ties every pair),
+0.797 after. At 200 steps the loss had barely moved (0.685, accuracy 0.500): telling the
+answers apart needs the model to learn addition.
 """
 
 import ml_collections

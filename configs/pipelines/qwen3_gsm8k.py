@@ -1,38 +1,21 @@
 """Qwen3's recipe on Qwen3-0.6B and GSM8K, for one accelerator: long-CoT cold start -> reasoning
-RL -> thinking-mode fusion.
+RL -> thinking-mode fusion -> general RL.
 
-Command (a TPU VM or a GPU host; GSM8K from the hub or `--config.data.path`, e.g.
-`../shared/data/gsm8k`):
+Command (a TPU VM or a GPU host, 32 GiB or more; GSM8K from the hub or `--config.data.path`):
   python -m rlvr_jax.pipeline --config=configs/pipelines/qwen3_gsm8k.py --workdir=runs/qwen3_gsm8k
 
-The base is `configs/qwen_small.py:qwen3` (Qwen3-0.6B, bf16, remat, the math verifier) with Qwen3's
-own chat template in thinking mode ("qwen3_thinking") and no format reward. The thoughts are
-GSM8K's written solutions (the text before "####", without the calculator annotations:
-`data.datasets.gsm8k_thought`), the answers "The answer is \\boxed{N}." The mode is the chat
-template's `enable_thinking`, per row (`sft.fusion`, switch "enable_thinking"): a thinking row is
-"<think>\\n{solution}\\n</think>\\n\\n{answer}", a non-thinking row is the answer after the empty
-block the template writes into the prompt. The stages:
-  1. think_sft: SFT on thinking rows only (every training problem with its solution), 200 steps
-     of 32 sequences, lr 1e-5;
-  2. rl_think: 200 GRPO steps of 32 prompts x 8 samples in thinking mode, lr 1e-6;
-  3. fusion: SFT on half thinking, half non-thinking rows, 100 steps, lr 5e-6; as in Qwen3, the
-     thinking rows are the RL model's own answers, 4 sampled per training problem in thinking
-     mode and verified (`program.studies.rejection`); a problem with none keeps its non-thinking
-     row;
-  4. rl_general: 100 GRPO steps on prompts of both modes (`data.modes="enable_thinking"`, half
-     of them thinking), rewarded for the answer and, with weight 0.5, for following the mode.
-The baseline spends the same 600 steps on the fusion SFT alone, from Qwen3-0.6B (its thinking
-rows sampled from Qwen3-0.6B itself).
+Model and task: `configs/qwen_small.py:qwen3` with Qwen3's chat template in thinking mode and no
+format reward; the thoughts are GSM8K's written solutions (`data.datasets.gsm8k_thought`), the
+answers "The answer is \\boxed{N}.", the mode the template's `enable_thinking`, per row. Stages:
+think_sft (200 SFT steps of 32 on thinking rows, lr 1e-5); rl_think (200 GRPO steps of 32 x 8,
+lr 1e-6); fusion (100 SFT steps, lr 5e-6, half non-thinking rows, the thinking ones the RL
+model's own verified answers, 4 sampled a problem); rl_general (100 GRPO steps on both modes,
+rewarded for the answer and, with weight 0.5, for following the mode). Baseline: the fusion SFT
+alone for 600 steps. Evaluated on 256 test problems: per mode accuracy, length and thought rate,
+and accuracy at thinking budgets of 32, 64 and 128 tokens.
 
-After every stage, on 256 GSM8K test problems: greedy accuracy in thinking mode (the base
-template) and under each mode ("think": `qwen3_thinking`, "no_think": `qwen3_non_thinking`),
-with lengths and the share of answers with a non-empty thinking block; then greedy accuracy and
-the early-end rate at thinking budgets of 32, 64 and 128 tokens in thinking mode.
-
-Hardware: as configs/qwen_small.py (one accelerator with 32 GiB or more). Expected result: none
-measured; no accelerator or Qwen weights were available here, only the settings are checked
-(tests/test_pipeline.py). The miniature of the same recipe, measured on a CPU, is
-`configs/pipelines/qwen3_tiny.py` (docs/pipelines.md).
+Expected result: not measured (no accelerator or Qwen weights were available); only the settings
+are checked (tests/test_pipeline.py). Its CPU miniature is configs/pipelines/qwen3_tiny.py.
 """
 
 import ml_collections

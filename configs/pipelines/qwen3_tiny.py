@@ -1,47 +1,23 @@
-"""Qwen3's recipe in miniature: long-CoT cold start -> reasoning RL -> thinking-mode fusion.
+"""Qwen3's recipe in miniature: long-CoT cold start -> reasoning RL -> thinking-mode fusion ->
+general RL.
 
-Command (CPU):
+Command (CPU; `:samples=4` takes the fusion stage's thinking rows from the RL model, verified):
   python -m rlvr_jax.pipeline --config=configs/pipelines/qwen3_tiny.py --workdir=/tmp/qwen3_tiny
 
-A from-scratch 2-layer model (`configs/tiny.py`'s) with a character tokenizer on two-digit
-addition and subtraction (arithmetic level 2), checked by the math verifier on the text after
-the thinking block ("#### <answer>"). The thought of each training problem is its column
-arithmetic (`sft.traces`: "47+38" -> "47+30=77\\n77+8=85"). The mode is chosen per prompt by a
-flag after the question, as Qwen3's "/think" and "/no_think" (`sft.fusion`, switch "flag"):
+Model and task: `configs/tiny.py`'s from-scratch 2-layer model with a character tokenizer on
+two-digit addition and subtraction, the math verifier on the text after the thinking block. A
+problem's thought is its column arithmetic, the mode a flag after the question:
   "47+38 /think=<think>\\n47+30=77\\n77+8=85\\n</think>\\n\\n#### 85"
-  "47+38 /no_think=<think>\\n\\n</think>\\n\\n#### 85"
-The stages:
-  1. think_sft: the long-CoT cold start, SFT on thinking rows only (every training problem with
-     its thought, flag "/think");
-  2. rl_think: GRPO on the "/think" prompts with the math verifier;
-  3. fusion: SFT on half thinking, half non-thinking rows (seeded per problem), so that one
-     model answers in both modes;
-  4. rl_general: 40 GRPO steps (lr 1e-4) on prompts of both modes (`data.modes="flag"`, half
-     of them "/think"), rewarded for the answer and, with weight 0.5, for following the mode
-     ("mode" format: a non-empty thinking block under "/think", none under "/no_think"), as
-     Qwen3's general RL.
-The baseline spends the same number of steps on the fusion SFT alone, from the start.
+Stages: think_sft (1,200 SFT steps on thinking rows), rl_think (40 GRPO steps on "/think"),
+fusion (300 SFT steps, half thinking, half non-thinking rows), rl_general (40 GRPO steps, lr
+1e-4, both modes, rewarded for the answer and, with weight 0.5, for following the mode).
+Baseline: the fusion SFT alone for the same 1,580 steps. Evaluated on 64 held-out problems,
+greedy, under each flag and at thinking budgets of 8, 16 and 32 tokens.
 
-`--config=configs/pipelines/qwen3_tiny.py:samples=4` is Qwen3's own fusion stage: its thinking
-rows are the RL model's answers, 4 sampled per training problem under "/think" and verified
-(`program.studies.rejection`); a problem with no verified answer keeps only its non-thinking row.
-That variant has no baseline: the random starting model has no verified answers to sample.
-
-After every stage, on 64 held-out problems: greedy accuracy with no flag (a prompt no stage
-trained on), and under each flag ("think", "no_think") greedy accuracy, length and the share of
-responses with a non-empty thinking block; then greedy accuracy and the early-end rate at
-thinking budgets of 8, 16 and 32 tokens under "/think" (the budget counts every token
-after "<think>" until "</think>" is complete: the example above needs 26).
-
-Output: /tmp/qwen3_tiny/pipeline.md (the table, also printed), pipeline.png and one workdir per
-stage.
-
-Expected result (measured on a 2-core CPU, 2026-12-02, about 10 min; the whole table is in
-docs/pipelines.md): "/think" accuracy 0.797 after the cold start, 0.844 after RL, 0.844 after
-fusion, 0.875 after general RL; "/no_think" 0.000 after fusion, with an empty thinking block in
-every answer; budgets of 8 and 16 tokens end nearly every thought and leave about 0.1; the
-1,580-step fusion-only baseline 0.375 "/think", 0.125 "/no_think". Another CPU gave 0.859 after
-the cold start: float results differ between machines.
+Expected result (2-core CPU, 2026-12-02, about 10 min; docs/pipelines.md): "/think" accuracy
+0.797 after the cold start, 0.844 after RL, 0.844 after fusion, 0.875 after general RL;
+"/no_think" 0.000 after fusion; the baseline 0.375 "/think", 0.125 "/no_think". Another CPU
+gave 0.859 after the cold start: float results differ between machines.
 """
 
 import ml_collections

@@ -1,33 +1,22 @@
 """The DeepSeek-R1 recipe on Qwen3-0.6B, for one accelerator: SFT cold start -> RL -> RS-SFT ->
 RL with a reward model.
 
-Command (a TPU VM or a GPU host; GSM8K from the hub or `--config.data.path`; the cold start's
-reasoning traces from a JSONL file of {"prompt", "response"} rows, the first stage's `sft.path`;
-optionally preference pairs, {"prompt", "chosen", "rejected"} rows, for the reward model):
+Command (a TPU VM or a GPU host, 32 GiB or more; GSM8K from the hub or `--config.data.path`):
   python -m rlvr_jax.pipeline --workdir=runs/r1_qwen3 \\
       --config=configs/pipelines/r1_qwen3.py:traces=/data/traces.jsonl,prefs=/data/prefs.jsonl
-Without `traces=...` the cold start fine-tunes on the GSM8K training answers in the R1 format
-with an empty thought ("</think> <answer>ANSWER</answer>", after the template's "<think>"): it
-teaches the format, not reasoning.
+`traces=`: the cold start's {"prompt", "response"} rows in the R1 format; without it, GSM8K's
+answers with an empty thought (the format, not reasoning). `prefs=`: the reward model's
+{"prompt", "chosen", "rejected"} rows; without it, the gold answer over another problem's.
 
-The base is `configs/qwen_small.py:qwen3` (Qwen3-0.6B, bf16, remat, the R1-Zero template, the
-math verifier plus 0.1 x the R1 format, 512 new tokens). The stages:
-  1. sft_cold: 200 SFT steps of 32 sequences on the traces (responses in the R1 format,
-     "<think>...</think> <answer>...</answer>"), lr 1e-5;
-  2. rl: 200 GRPO steps of 32 prompts x 8 samples, lr 1e-6;
-  3. rs_sft: 4 answers per GSM8K training problem sampled from the RL policy, the verified ones
-     kept, 100 SFT steps, lr 5e-6;
-  4. rm: a reward model from the rs_sft policy, 200 Bradley-Terry steps on the `prefs=` pairs
-     (without them: GSM8K training problems, the right answer chosen over another problem's);
-  5. rl_general: 100 GRPO steps with the reward model's score (whitened per batch, weight 0.5)
-     beside the math verifier and the format.
-The baseline branch spends the same 600 policy steps on RL alone from Qwen3-0.6B. After every stage:
-greedy accuracy on 256 GSM8K test problems, pass@1/4 and mean@4 from 4 samples, length,
-truncation, R1 format rate and language consistency.
+Model and task: `configs/qwen_small.py:qwen3` (bf16, remat, the R1-Zero template, the math
+verifier plus 0.1 x the R1 format, 512 new tokens). Stages: sft_cold (200 SFT steps of 32, lr
+1e-5); rl (200 GRPO steps of 32 x 8, lr 1e-6); rs_sft (4 answers per problem from the RL
+policy, the verified kept, 100 SFT steps, lr 5e-6); rm (200 Bradley-Terry steps); rl_general
+(100 GRPO steps with the reward model's score, whitened, weight 0.5). Baseline: RL alone for
+600 steps. Evaluated on 256 GSM8K test problems.
 
-Hardware: as configs/qwen_small.py (one accelerator with 32 GiB or more). Expected result: none
-measured; no accelerator or Qwen weights were available here, only the settings are checked
-(tests/test_pipeline.py). Treat the step counts and learning rates as a starting point.
+Expected result: not measured (no accelerator or Qwen weights were available); only the settings
+are checked (tests/test_pipeline.py). Treat the step counts and learning rates as a start.
 """
 
 import ml_collections

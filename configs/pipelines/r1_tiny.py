@@ -4,33 +4,19 @@ a reward model.
 Command (CPU):
   python -m rlvr_jax.pipeline --config=configs/pipelines/r1_tiny.py --workdir=/tmp/r1_tiny
 
-The model, tokenizer, task and template are `configs/tiny.py`'s: a 2-layer from-scratch model on
-single-digit addition, verified in JAX over tokens. The stages:
-  1. sft_cold: supervised cold start on demonstrations (the training problems with their answer
-     as the response: at this scale the "traces" are the answers), 60 steps;
-  2. rl: GRPO with the correctness reward plus 0.5 x format (a number, then the end token),
-     from the cold start's weights, 40 steps;
-  3. rs_sft: 4 answers sampled per training problem from the RL policy, the verified ones kept
-     (distinct), and 30 SFT steps on them;
-  4. rm: a reward model (the rs_sft policy with a scalar head, Bradley-Terry loss) on pairs
-     built from the training problems, the right answer chosen over another problem's, 300
-     steps; not a policy stage (no row in the table, its pairwise accuracy in the log);
-  5. rl_general: R1's last stage, GRPO with the reward model's score (whitened per batch,
-     weight 0.5) beside the verifier's correctness and format, from the rs_sft policy, 20 steps.
-The baseline branch spends the same 150 policy steps on the cold start's SFT alone, from the same
-starting model (`--config.pipeline.baseline=rl` spends them on RL alone instead). After every
-stage the same suite runs on the 64 held-out problems: greedy accuracy, pass@1/4/8 and mean@8
-from 8 samples at temperature 1, length, truncation, format and language-consistency rates.
+Model and task: `configs/tiny.py`'s 2-layer from-scratch model on single-digit addition,
+verified in JAX. Stages: sft_cold (60 SFT steps on the training answers); rl (40 GRPO steps,
+correctness + 0.5 x format); rs_sft (4 answers per problem from the RL policy, the verified
+kept, 30 SFT steps); rm (a reward model from that policy, the right answer over another
+problem's, 300 steps; no table row); rl_general (20 GRPO steps with its score, whitened, weight
+0.5, beside correctness and format). Baseline: the cold start's SFT alone for the 150 policy
+steps (`--config.pipeline.baseline=rl`: RL alone). Evaluated on 64 held-out problems.
 
-Output: /tmp/r1_tiny/pipeline.md (the table, also printed), pipeline.png, and one workdir per
-stage (`1_sft_cold/`, `2_rl/`, `3_rs_sft/`, `4_rm/`, `5_rl_general/`, `baseline_sft_cold/`); a
-rerun skips finished stages and resumes a partly trained one.
-
-Expected result (measured on a 2-core CPU shared with other jobs, 2026-12-02; the whole table is
-in docs/pipelines.md): greedy held-out accuracy 0.000 (start) -> 0.453 (sft_cold) -> 0.516 (rl)
--> 0.625 (rs_sft) -> 0.609 (rl_general), pass@8 0.953 at the end; the reward model's held-out
-pairwise accuracy 0.859; the 150-step SFT-only baseline 0.797 greedy, 0.984 pass@8.
-2 min 1 s with an empty compile cache, 1 min 39 s with most programs in it.
+Expected result (2-core CPU shared with other jobs, 2026-12-02; docs/pipelines.md): greedy
+held-out accuracy 0.000 (start) -> 0.453 (sft_cold) -> 0.516 (rl) -> 0.625 (rs_sft) -> 0.609
+(rl_general), pass@8 0.953 at the end; the reward model's held-out pairwise accuracy 0.859; the
+150-step SFT-only baseline 0.797 greedy, 0.984 pass@8. 2 min 1 s with an empty compile cache,
+1 min 39 s with most programs in it.
 """
 
 import ml_collections

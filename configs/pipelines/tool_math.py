@@ -1,23 +1,16 @@
 """Tool use learned by the embedded SmolLM2-135M-Instruct: a short SFT cold start on scripted
 tool episodes, then GRPO with the tool.
 
-Command (CPU, offline; the `python` tool runs in bubblewrap, `reward.sandbox_backend="bwrap"`:
-`apt-get install bubblewrap`, or the pipeline refuses to start; docs/sandbox.md):
+Command (CPU, offline; the `python` tool runs in bubblewrap, `apt-get install bubblewrap`, or
+the pipeline refuses to start; `:seed=N` for another training seed, in its own workdir):
   python -m rlvr_jax.pipeline --config=configs/pipelines/tool_math.py --workdir=/tmp/tool_math
-  (`:seed=N` for another training seed, in its own workdir)
 
-The task is `configs/agent_math_tool.py`'s: products of two numbers of up to three digits
-("850*636"), a `python` tool run in the sandbox, the boxed final answer checked by the math
-verifier. The model alone gets none of them right (`python -m rlvr_jax.eval
---config=configs/agent_math_tool.py:notool`), and with the tool described in its prompt it never
-calls it. The stages:
-  1. sft_cold: SFT on scripted gold episodes of the training problems (`envs.demonstrations`:
-     call `python` with `print(<expression>)`, then box what it printed), the loss on the
-     model's turns only; few steps, so that the tool format is only partly learned;
-  2. rl: GRPO on the tool episodes (`reward.verifier="math_tool"`), B=4 prompts x G=4 episodes,
-     temperature 1.0, reward 1 for a correct final answer.
-After every stage, on 64 held-out problems: greedy accuracy of the tool episodes, the tool-call
-rate (episodes with a call) and tool errors per episode.
+Task: `configs/agent_math_tool.py`'s products of two numbers of up to three digits ("850*636"),
+a `python` tool in the sandbox, the boxed final answer checked by the math verifier. Stages:
+sft_cold (3 SFT steps on scripted gold episodes, lr 3e-5, so that the tool format is only
+partly learned); rl (15 GRPO steps of 4 prompts x 4 episodes, temperature 0.7, lr 1e-5, reward 1
+for a correct final answer). Evaluated on 64 held-out problems: accuracy, the tool-call rate and
+tool errors per episode (docs/agents.md).
 
 Expected result (2-core CPU, 2026-12-02, 19 min 42 s; docs/agents.md has the seeds): accuracy
 0.000 at the start (tool-call rate 0), 0.000 after the cold start (tool-call rate 1.000: it
