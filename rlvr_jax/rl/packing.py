@@ -10,10 +10,11 @@ log-probs are computed on the packed rows and gathered back to the (N, T) layout
 losses, advantages and metrics read them exactly as they read the padded update's.
 
 Shapes stay static: the packed row count R is bucketed (`row_buckets`: the row multiple times
-one and a half times powers of two, capped at N), so a run compiles a handful of update programs, not one per step.
-The R rows are dealt to `num_microbatches` microbatches by their real token counts, largest
-first, so microbatches are balanced by tokens, not rows; a microbatch's loss covers the rows
-packed into it, with the whole batch's normaliser, so the gradients sum to the full batch's.
+powers of two and one and a half times them, capped at N), so a run compiles a handful of
+update programs, not one per step. The R rows are dealt to `num_microbatches` microbatches by their
+real token counts, largest first, so microbatches are balanced by tokens, not rows; a microbatch's
+loss covers the rows packed into it, with the whole batch's normaliser, so the gradients sum to the
+full batch's.
 
 The plan (`plan`) is host code on the rollout's lengths; `packed_logprobs` runs inside the
 jitted update. Shapes: N rows, P prompt and T completion columns, S = P + T; M microbatches of R
