@@ -27,6 +27,7 @@ from rlvr_jax.model.transformer import Params
 from rlvr_jax.rl import sharding_plan
 from rlvr_jax.rl.config import RLConfig
 from rlvr_jax.rl.outputs import StepOutput
+from rlvr_jax.rl.packing import Packing
 from rlvr_jax.rl.state import TrainState
 from rlvr_jax.rl.update import update
 from rlvr_jax.sampling.config import SamplingParams
@@ -166,7 +167,9 @@ def build_update(
     schedule: optax.Schedule,
     shardings: sharding_plan.StepShardings | None = None,
 ) -> Callable[..., tuple[TrainState, StepOutput]]:
-    """Jitted `(state, rollout, rewards_N, parts) -> (state, StepOutput)`; the state is donated.
+    """Jitted `(state, rollout, rewards_N, parts[, packing]) -> (state, StepOutput)`; the
+    state is donated. `packing` (`rl.packing.plan` of the rollout; None: the padded rows) is
+    part of the program's shape: each packed row count compiles once.
 
     With `shardings`, the rollout (as `build_rollout` returns it), the host rewards and parts come
     in replicated (host numpy arrays are accepted on every process) and are split by rows inside
@@ -175,7 +178,11 @@ def build_update(
     mesh = None if shardings is None else shardings.mesh
 
     def update_fn(
-        state: TrainState, rollout: Rollout, rewards_N: Array, parts: dict[str, Array]
+        state: TrainState,
+        rollout: Rollout,
+        rewards_N: Array,
+        parts: dict[str, Array],
+        packing: Packing | None = None,
     ) -> tuple[TrainState, StepOutput]:
         if shardings is not None:
             rollout, rewards_N, parts = jax.lax.with_sharding_constraint(
@@ -191,6 +198,7 @@ def build_update(
                 rl=rl,
                 optimizer=optimizer,
                 schedule=schedule,
+                packing=packing,
             )
 
     if shardings is None:
@@ -198,7 +206,7 @@ def build_update(
     rep = shardings.replicated
     return jax.jit(
         update_fn,
-        in_shardings=(shardings.state, rep, rep, rep),
+        in_shardings=(shardings.state, rep, rep, rep, rep),
         out_shardings=(shardings.state, rep),
         donate_argnums=0,
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -51,6 +52,7 @@ from rlvr_jax.program.runtime.run import Stage, run_stage
 from rlvr_jax.program.settings import Settings
 from rlvr_jax.rl import dynamic_sampling, multiturn, sharding_plan
 from rlvr_jax.rl import memory as memory_lib
+from rlvr_jax.rl import packing as packing_lib
 from rlvr_jax.rl import partial as partial_lib
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
@@ -77,7 +79,12 @@ def make_batch(
 
 def fused_step(s: Settings, task: Task) -> bool:
     """Whether the stage's step is one program: a JAX verifier and one rollout per step."""
-    return task.jax_parts is not None and not s.data.dynamic_sampling and not s.rl.partial_budget
+    return (
+        task.jax_parts is not None
+        and not s.data.dynamic_sampling
+        and not s.rl.partial_budget
+        and not s.rl.pack  # the packing is planned on the host between rollout and update
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +196,8 @@ def build_rl_step(
 
     def update(state, rollout, rewards, parts):
         with timer.stage("update"):
-            state, out = update_fn(state, rollout, rewards, parts)
+            packing = _packing(s, rollout, plan) if s.rl.pack else None
+            state, out = update_fn(state, rollout, rewards, parts, packing)
             return state, jax.device_get(out)
 
     def one_batch(state, sampler_state):
@@ -286,6 +294,23 @@ def _dynamic_batch(
     return dynamic_batch
 
 
+def _packing(s: Settings, rollout: Any, plan: sharding_plan.StepShardings) -> packing_lib.Packing:
+    """The packed layout of a rollout's rows (`rl.pack`), each microbatch's packed row count
+    a multiple of the mesh's row shards."""
+    prompt_lengths_N, mask_NT = jax.device_get((rollout.prompt_lengths_N, rollout.mask_NT))
+    axes = plan.rows.spec[0] if len(plan.rows.spec) else None
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+    row_shards = math.prod(plan.mesh.shape[a] for a in axes)
+    return packing_lib.plan(
+        prompt_lengths_N,
+        mask_NT,
+        rollout.prompt_NP.shape[1],
+        length=s.rl.pack_length,
+        num_microbatches=s.rl.microbatch_count(),
+        row_multiple=row_shards,
+    )
+
+
 def _host_ahead(s: Settings, task: Task) -> bool:
     """Whether the host path's arguments are known before its first step."""
     return (
@@ -374,7 +399,8 @@ def _precompile_host(
         for batch in batches():
             args = _update_args(rollout_program, state.params, batch, key, task, s, plan)
             jobs.append(lambda b=batch: rollout_program.lower(state.params, b, key).compile())
-            jobs.append(lambda a=args: update_fn.lower(state, *a).compile())
+            if not s.rl.pack:  # a packed update's shape is known only from its rollout
+                jobs.append(lambda a=args: update_fn.lower(state, *a).compile())
         with concurrent.futures.ThreadPoolExecutor(len(jobs), "compile") as pool:
             for job in [pool.submit(job) for job in jobs]:
                 job.result()
