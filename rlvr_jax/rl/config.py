@@ -59,7 +59,8 @@ class RLConfig:
         update's forwards and backward skip the padding; the numbers are the padded update's
         to float noise. It runs the rollout and the update as two programs (the packing is
         planned on the host between them), needs one minibatch, and compiles one update per
-        packed row count (a handful: `packing.row_buckets`).
+        packed row count (a handful: `packing.row_buckets`). A step whose rows are too even
+        for packing to save token positions runs the padded update.
       pack_length: tokens per packed row; 0: the padded row's length (prompt bucket plus
         `max_new_tokens`), which holds any row.
       advantage: the advantage estimator.

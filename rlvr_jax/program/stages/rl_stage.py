@@ -294,14 +294,17 @@ def _dynamic_batch(
     return dynamic_batch
 
 
-def _packing(s: Settings, rollout: Any, plan: sharding_plan.StepShardings) -> packing_lib.Packing:
+def _packing(
+    s: Settings, rollout: Any, plan: sharding_plan.StepShardings
+) -> packing_lib.Packing | None:
     """The packed layout of a rollout's rows (`rl.pack`), each microbatch's packed row count
-    a multiple of the mesh's row shards."""
+    a multiple of the mesh's row shards; None (the padded update) where packing would not save
+    token positions (rows of nearly equal lengths)."""
     prompt_lengths_N, mask_NT = jax.device_get((rollout.prompt_lengths_N, rollout.mask_NT))
     axes = plan.rows.spec[0] if len(plan.rows.spec) else None
     axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
     row_shards = math.prod(plan.mesh.shape[a] for a in axes)
-    return packing_lib.plan(
+    packing = packing_lib.plan(
         prompt_lengths_N,
         mask_NT,
         rollout.prompt_NP.shape[1],
@@ -309,6 +312,8 @@ def _packing(s: Settings, rollout: Any, plan: sharding_plan.StepShardings) -> pa
         num_microbatches=s.rl.microbatch_count(),
         row_multiple=row_shards,
     )
+    N, S = mask_NT.shape[0], rollout.prompt_NP.shape[1] + mask_NT.shape[1]
+    return packing if packing.src_MRL.size < N * S else None
 
 
 def _host_ahead(s: Settings, task: Task) -> bool:
