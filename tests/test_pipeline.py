@@ -133,7 +133,7 @@ def test_fusion_thoughts_from_samples_drawn_in_thinking_mode(tmp_path, monkeypat
             correct += [False, i > 0]
         return np.asarray(correct), np.asarray(texts, dtype=object)
 
-    monkeypatch.setattr(rejection.sampling, "generate_in_batches", fake_generate)
+    monkeypatch.setattr(rejection, "generate_in_batches", fake_generate)
     samples = tmp_path / "rejection.jsonl"
     rejection.sample_demonstrations(settings, 2, samples, log=print, thinking_switch="flag")
     assert len(prompts) == 8 and all(p.endswith(" /think=") for p in prompts)

@@ -204,9 +204,28 @@ def build_update(
     if shardings is None:
         return jax.jit(update_fn, donate_argnums=0)
     rep = shardings.replicated
-    return jax.jit(
-        update_fn,
-        in_shardings=(shardings.state, rep, rep, rep, rep),
-        out_shardings=(shardings.state, rep),
-        donate_argnums=0,
+    return _OptionalPacking(
+        jax.jit(
+            update_fn,
+            in_shardings=(shardings.state, rep, rep, rep, rep),
+            out_shardings=(shardings.state, rep),
+            donate_argnums=0,
+        )
     )
+
+
+class _OptionalPacking:
+    """A jitted update with explicit shardings, which take positional arguments only, called
+    with or without its last one (`packing`, None: the padded rows)."""
+
+    def __init__(self, jitted: Any):
+        self.jitted = jitted
+
+    def __call__(self, state, rollout, rewards_N, parts, packing=None):
+        return self.jitted(state, rollout, rewards_N, parts, packing)
+
+    def lower(self, state, rollout, rewards_N, parts, packing=None):
+        return self.jitted.lower(state, rollout, rewards_N, parts, packing)
+
+    def _cache_size(self) -> int:
+        return self.jitted._cache_size()
