@@ -8,7 +8,8 @@ Two ways to run it, on the same mesh and the same parameter buffers:
   rollout is one jitted program, the rewards are computed on the host, and the update another.
 
 Both updates return `(state, StepOutput)`: scalar metrics and per-row results (`RowResults`),
-replicated. Rows are ordered `b * G + g` (sample g of prompt b) throughout.
+replicated; the metrics include the useful trajectories and sampled tokens of the rows trained
+on (`outputs.with_useful_metrics`). Rows are ordered `b * G + g` (sample g of prompt b) throughout.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.rl import sharding_plan
 from rlvr_jax.rl.config import RLConfig
-from rlvr_jax.rl.outputs import StepOutput
+from rlvr_jax.rl.outputs import StepOutput, with_useful_metrics
 from rlvr_jax.rl.packing import Packing
 from rlvr_jax.rl.state import TrainState
 from rlvr_jax.rl.update import update
@@ -116,7 +117,7 @@ def build_train_step(
             state, sample_rng = split_rollout_key(state)
             rollout = _rollout(state.params, batch, sample_rng, model_cfg, rl, mesh)
             rewards_N, parts = reward_fn(rollout, batch.targets)
-            return update(
+            state, out = update(
                 state,
                 rollout,
                 rewards_N,
@@ -126,6 +127,7 @@ def build_train_step(
                 optimizer=optimizer,
                 schedule=schedule,
             )
+            return state, with_useful_metrics(out, rollout, rewards_N, rl.group_size)
 
     if shardings is None:
         return jax.jit(step, donate_argnums=0)
@@ -189,7 +191,7 @@ def build_update(
                 (rollout, rewards_N, parts), shardings.rows
             )
         with sharding.activation_mesh(mesh):
-            return update(
+            state, out = update(
                 state,
                 rollout,
                 rewards_N,
@@ -200,6 +202,7 @@ def build_update(
                 schedule=schedule,
                 packing=packing,
             )
+            return state, with_useful_metrics(out, rollout, rewards_N, rl.group_size)
 
     if shardings is None:
         return jax.jit(update_fn, donate_argnums=0)
