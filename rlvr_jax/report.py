@@ -2,8 +2,9 @@
 
 Reads `W/metrics.jsonl` (written by `program.runtime.metrics.MetricsWriter`) and writes one PNG per
 topic into `W/plots/` (or `--out`): reward and accuracy, response length, KL, clip fractions,
-entropy, the distribution of per-group success, and step timing. A topic whose metrics the run did
-not record is skipped with a printed note. The figures are `program.evals.plots`'s.
+entropy, the distribution of per-group success, step timing, and verified useful trajectories
+per hour (`program.runtime.useful`). A topic whose metrics the run did not record is skipped
+with a printed note. The figures are `program.evals.plots`'s.
 
 The command line uses argparse rather than absl flags so that importing this module never
 defines process-wide flags next to `main.py`'s.

@@ -93,9 +93,11 @@ def test_run_stats_by_hand(tmp_path):
         [
             {"step": 0, "record": "eval", "eval/accuracy": 0.25},
             {"step": 1, "record": "step", "accuracy": 0.5, "time/step": 30.0,
-             "adv/frac_zero_variance": 0.5, "length/correct": 2.0, "length/incorrect": 4.0},
+             "adv/frac_zero_variance": 0.5, "length/correct": 2.0, "length/incorrect": 4.0,
+             "useful/trajectories": 4.0},
             {"step": 2, "record": "step", "accuracy": 0.25, "time/step": 1.0,
-             "adv/frac_zero_variance": 0.25, "length/correct": 3.0, "length/incorrect": 5.0},
+             "adv/frac_zero_variance": 0.25, "length/correct": 3.0, "length/incorrect": 5.0,
+             "useful/trajectories": 6.0},
             {"step": 2, "record": "final", "eval/accuracy": 0.5},  # shares the last step
         ],
     )  # fmt: skip
@@ -113,9 +115,19 @@ def test_run_stats_by_hand(tmp_path):
     assert s["successes"] == pytest.approx(6.0)
     # Step 1 (compilation) is left out: 2 successes in 1 s.
     assert s["successes_per_minute"] == pytest.approx(120.0)
+    # The table's throughput: useful trajectories per hour, step 1 left out: 6 in 1 s.
+    assert s["useful_per_hour"] == pytest.approx(3600 * 6.0)
     summary = ablation.summarize({"grpo": [s, {**s, "acc_after": 0.75}]})
     assert summary["grpo"]["acc_after"] == pytest.approx((0.625, math.sqrt(0.03125)))
-    assert "| grpo |" in ablation.markdown_table(summary, 2)
+    table = ablation.markdown_table(summary, 2).splitlines()
+    assert table[0].endswith("| zero-var. groups | useful / h |")
+    (row,) = [line for line in table if line.startswith("| grpo |")]
+    assert row.endswith("| 0.375 | 21600 |")
+    # A ledger from before the metric: n/a in the table.
+    old = [{k: v for k, v in e.items() if k != "useful/trajectories"} for e in entries]
+    s_old = ablation.run_stats(old, result)
+    assert math.isnan(s_old["useful_per_hour"])
+    assert ablation.markdown_table(ablation.summarize({"grpo": [s_old]}), 1).count("| n/a |") == 1
 
 
 def test_grad_norm_by_success_by_hand():

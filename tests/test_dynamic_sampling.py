@@ -96,6 +96,11 @@ def test_tiny_run_with_dynamic_sampling(tmp_path):
         kept = min(r["dynamic_sampling/kept"], B)
         # The batch trained on has at most the topped-up groups without variance.
         assert r["adv/frac_zero_variance"] * B <= B - kept + 1e-6
+        # Every round's rows were verified; the kept groups trained on are the useful ones.
+        G = config.rl.group_size
+        assert r["useful/verified"] == G * r["dynamic_sampling/generated"]
+        assert r["useful/trajectories"] == G * kept
+        assert r["useful/tokens"] >= r["rollout/tokens"]
         assert r["time/rollout"] > 0 and r["time/update"] > 0
     # Every attempted group, kept or not, updated the curriculum's statistics.
     generated = sum(r["dynamic_sampling/generated"] for r in steps)

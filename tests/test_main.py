@@ -17,7 +17,7 @@ from rlvr_jax.program.stages import rl_stage
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.py")
 # Metrics that depend on the wall clock, not on the computation.
-CLOCK = ("time", "throughput/")
+CLOCK = ("time", "throughput/", "useful/per_hour")
 
 
 def _main(workdir, *overrides, wait=True, cache=None):

@@ -143,7 +143,7 @@ def test_console_lines_per_interval_when_not_a_terminal(tmp_path):
         tmp_path, use_tensorboard=False, log_every=2, total_steps=5, stream=stream
     ) as w:
         for i in range(1, 6):
-            w.write(i, _step_metrics(i))
+            w.write(i, {**_step_metrics(i), "useful/per_hour": 7200.4})
     lines = stream.getvalue().splitlines()
     assert [line.split("]")[1].split("|")[0].strip() for line in lines] == ["2/5", "4/5", "5/5"]
     assert "\r" not in stream.getvalue()
@@ -152,6 +152,8 @@ def test_console_lines_per_interval_when_not_a_terminal(tmp_path):
     for part in ("reward 0.500", "acc 0.500", "len 102", "kl 1.00e-03", "s/step 2.00"):
         assert part in first, (part, first)
     assert "tok/s 500" in first and "eta " in first
+    # Verified useful trajectories per hour (`program.runtime.useful`), after the throughput.
+    assert first.index("tok/s 500") < first.index("useful/h 7200") < first.index("eta ")
 
 
 class _Terminal(io.StringIO):

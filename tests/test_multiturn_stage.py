@@ -98,6 +98,12 @@ def test_a_multi_turn_step_trains_on_episodes():
     assert metrics["episode/rounds"] >= 1
     assert metrics["episode/turns"] > 1
     assert metrics["episode/tool_calls"] > 0 and metrics["episode/observation_tokens"] > 0
+    # One verified trajectory per episode; its sampled tokens leave the observations out.
+    assert metrics["useful/verified"] == 8
+    observed = 8 * metrics["episode/observation_tokens"]
+    assert metrics["useful/tokens"] == pytest.approx(metrics["rollout/tokens"] - observed)
+    assert metrics["useful/trajectories"] in (0, 2, 4, 6, 8)
+    assert metrics["useful/fraction"] == metrics["useful/trajectories"] / 8
     # Partial rollouts would cut episodes across steps: refused.
     loss = dataclasses.replace(s.rl.loss, tis_cap=2.0)
     partial = dataclasses.replace(s, rl=dataclasses.replace(s.rl, partial_budget=2, loss=loss))

@@ -15,7 +15,7 @@ from rlvr_jax.program.stages import rl_stage
 
 # Rates and values that the path the step takes cannot change (timings, the partial metrics).
 # The sampler/trainer mismatch is float noise, which the prefill layout changes.
-SKIP = ("time/", "throughput/", "partial/", "verifier/", "mismatch/")
+SKIP = ("time/", "throughput/", "useful/per_hour", "partial/", "verifier/", "mismatch/")
 
 
 def _config(steps: int, budget: int):
@@ -62,6 +62,8 @@ def test_a_budget_above_every_answer_trains_like_the_plain_step(tmp_path):
     _assert_same_steps(plain, partial)
     for r in partial:
         assert r["partial/rounds"] == 1
+        # One round: the useful-trajectory counts are the plain step's (compared above).
+        assert r["useful/verified"] == 4 * 4 and r["useful/tokens"] == r["rollout/tokens"]
         assert r["partial/version_lag_max"] == 0
         assert r["partial/running_groups"] == r["partial/waiting_groups"] == 0
 
@@ -80,6 +82,14 @@ def test_rows_carry_over_with_their_versions_and_survive_a_restart(tmp_path):
     assert any(r["partial/version_lag_max"] > 0 for r in whole)
     assert any(r["partial/multi_round_rows"] > 0 for r in whole)
     assert any(r["partial/running_groups"] > 0 for r in whole[:-1])
+    # A row is verified in the step that finishes it (B x G rows a step, trained on then); its
+    # tokens count in the steps that sample them: the run's sampled tokens are those of the
+    # rows trained on and of the groups still pending at the end.
+    assert all(r["useful/verified"] == 4 * 4 for r in whole)
+    sampled = sum(r["useful/tokens"] for r in whole)
+    trained = sum(r["rollout/tokens"] for r in whole)
+    pending = whole[-1]["partial/running_groups"] + whole[-1]["partial/waiting_groups"]
+    assert sampled >= trained and (sampled > trained) == (pending > 0)
     for r in whole:
         assert r["partial/rounds"] >= 1
         assert 0 < r["rollout/slot_utilisation"] <= 1

@@ -133,7 +133,7 @@ def test_fusion_thoughts_from_samples_drawn_in_thinking_mode(tmp_path, monkeypat
             correct += [False, i > 0]
         return np.asarray(correct), np.asarray(texts, dtype=object)
 
-    monkeypatch.setattr(rejection.sampling, "generate_in_batches", fake_generate)
+    monkeypatch.setattr(rejection, "generate_in_batches", fake_generate)
     samples = tmp_path / "rejection.jsonl"
     rejection.sample_demonstrations(settings, 2, samples, log=print, thinking_switch="flag")
     assert len(prompts) == 8 and all(p.endswith(" /think=") for p in prompts)
@@ -244,6 +244,15 @@ def test_table_by_hand():
     table = pipeline_eval.markdown_table(rows, headline="think acc.").splitlines()
     assert table[0] == "| stage | steps | greedy acc. | think acc. | format rate | Δ think acc. |"
     assert table[4] == "| 2_rl | 5 | 0.375 | 0.250 | n/a | -0.500 |"
+    # An RL stage's useful trajectories per hour: a column after the steps, n/a for the others.
+    rows[2]["useful_per_hour"] = 1234.4
+    rows[1]["useful_per_hour"] = None  # an SFT stage's record
+    table = pipeline_eval.markdown_table(rows).splitlines()
+    assert table[0] == (
+        "| stage | steps | useful / h | greedy acc. | think acc. | format rate | Δ acc. |"
+    )
+    assert table[3] == "| 1_sft | 10 | n/a | 0.500 | 0.750 | n/a | +0.250 |"
+    assert table[4] == "| 2_rl | 5 | 1234 | 0.375 | 0.250 | n/a | -0.125 |"
 
 
 def test_a_multi_turn_tasks_row_has_its_tool_rates():

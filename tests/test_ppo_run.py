@@ -13,7 +13,7 @@ from rlvr_jax.program import settings as settings_lib
 from rlvr_jax.program.parts import build
 from rlvr_jax.program.stages import rl_stage
 
-SKIP = ("time/", "throughput/", "verifier/")
+SKIP = ("time/", "throughput/", "useful/per_hour", "verifier/")
 
 
 def _config(steps: int):

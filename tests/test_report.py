@@ -44,6 +44,7 @@ def _full_run(steps: int = 6, hist: bool = True) -> list[dict]:
             "time/update": 1.0,
             "adv/frac_all_correct": 0.1,
             "adv/frac_all_wrong": 0.5,
+            "useful/per_hour": 3600.0 * s,
         }
         if hist:
             e["groups/success_hist"] = [s, 1, 0, 6 - s, 0]
@@ -55,12 +56,21 @@ def test_every_plot_is_a_png(tmp_path):
     _write(tmp_path, _full_run())
     notes = []
     written = plots.make_report(tmp_path, window=3, log=notes.append)
-    assert set(written) == {"reward", "length", "kl", "clip", "entropy", "timing", "groups"}
+    assert set(written) == {
+        "reward",
+        "length",
+        "kl",
+        "clip",
+        "entropy",
+        "timing",
+        "useful",
+        "groups",
+    }
     for path in written.values():
         assert path.parent == tmp_path / "plots"
         with Image.open(path) as img:
             assert img.format == "PNG" and img.size == (700, 400)
-    assert notes == [f"report: wrote 7 plots of 6 steps to {tmp_path / 'plots'}"]
+    assert notes == [f"report: wrote 8 plots of 6 steps to {tmp_path / 'plots'}"]
 
 
 def test_missing_metrics_skip_their_plot_with_a_note(tmp_path, capsys):
@@ -69,10 +79,19 @@ def test_missing_metrics_skip_their_plot_with_a_note(tmp_path, capsys):
     assert set(written) == {"reward"}
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["reward.png"]
     out = capsys.readouterr().out
-    for name in ("length", "kl", "clip", "entropy", "timing", "groups"):
+    for name in ("length", "kl", "clip", "entropy", "timing", "useful", "groups"):
         assert f"skipping {name}.png" in out
     assert "no metric among ['kl/mean']" in out
     assert "no metric among ['time/*']" in out
+    assert "no metric among ['useful/per_hour']" in out
+
+
+def test_useful_trajectories_per_hour_is_plotted_over_steps():
+    fig = plots.report_figures(_full_run(steps=4))["useful"]
+    (line,) = fig.axes[0].get_lines()
+    assert line.get_label() == "useful/per_hour"
+    np.testing.assert_array_equal(line.get_xdata(), [1, 2, 3, 4])
+    np.testing.assert_allclose(line.get_ydata(), [3600.0, 7200.0, 10800.0, 14400.0])
 
 
 def test_success_histogram_heat_map_holds_fractions():
@@ -124,7 +143,7 @@ def test_command_line(tmp_path):
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert "wrote 7 plots of 2 steps" in result.stdout
+    assert "wrote 8 plots of 2 steps" in result.stdout
     assert (tmp_path / "plots" / "groups.png").exists()
     with pytest.raises(SystemExit):
         report.main(["--workdir", str(tmp_path), "--smooth", "0"])
@@ -136,7 +155,12 @@ def test_report_and_ablation_read_the_same_rows(tmp_path):
     accuracy = {1: 0.25, 2: 0.5, 3: 0.75, 4: 0.5, 5: 1.0}
 
     def step(i):
-        return {"accuracy": accuracy[i], "time/step": 2.0, "adv/frac_zero_variance": 0.5}
+        return {
+            "accuracy": accuracy[i],
+            "time/step": 2.0,
+            "adv/frac_zero_variance": 0.5,
+            "useful/trajectories": 4.0 * i,
+        }
 
     quiet = dict(use_tensorboard=False, stream=io.StringIO())
     with metrics_lib.MetricsWriter(tmp_path, **quiet) as w:
@@ -164,6 +188,8 @@ def test_report_and_ablation_read_the_same_rows(tmp_path):
     assert stats["acc_after"] == 0.75
     # Steps 2..5 timed (step 1 carries the compilation): 4 * (0.5 + 0.75 + 0.5 + 1) in 8 s.
     assert stats["successes_per_minute"] == pytest.approx(60 * 11 / 8)
+    # The same steps' useful trajectories, 4 * (2 + 3 + 4 + 5), in the same 8 s.
+    assert stats["useful_per_hour"] == pytest.approx(3600 * 56 / 8)
     notes = []
     plots.make_report(tmp_path, log=notes.append)
     assert notes[-1].startswith("report: wrote 2 plots of 5 steps")

@@ -140,14 +140,18 @@ def resolve_attention(
 # Blockwise attention: the kernel, on padded heads-major arrays
 
 
-def _visible(valid_BS: Array, q0: Array, k0: Array, bq: int, bk: int, offset: int | None):
+def _visible(segs: tuple[Array, Array], q0: Array, k0: Array, bq: int, bk: int, offset):
     """The (B, 1, 1, bq, bk) mask of the query block starting at row q0 and the key block
-    starting at key k0."""
-    valid = jax.lax.dynamic_slice_in_dim(valid_BS, k0, bk, axis=1)[:, None, None, None, :]
+    starting at key k0: a key is visible when its segment is the query's (padding is segment
+    0, which no query sees) and, with an offset, causality allows it."""
+    q_seg_BT, k_seg_BS = segs
+    q_seg = jax.lax.dynamic_slice_in_dim(q_seg_BT, q0, bq, axis=1)[:, :, None]
+    k_seg = jax.lax.dynamic_slice_in_dim(k_seg_BS, k0, bk, axis=1)[:, None, :]
+    visible = ((k_seg == q_seg) & (k_seg > 0))[:, None, None]
     if offset is None:
-        return valid
+        return visible
     rows, cols = q0 + jnp.arange(bq), k0 + jnp.arange(bk)
-    return valid & (cols[None, :] <= rows[:, None] + offset)
+    return visible & (cols[None, :] <= rows[:, None] + offset)
 
 
 def _key_blocks_seen(i: Array, bq: int, bk: int, nk: int, offset: int | None) -> int | Array:
@@ -174,12 +178,12 @@ def _block_scores(q_i: Array, k_j: Array, scale: float) -> Array:
     return _mm("bkgqd,bksd->bkgqs", q_i, k_j) * scale
 
 
-def _flash_forward(q, k, v, valid, offset, bq, bk):
+def _flash_forward(q, k, v, segs, offset, bq, bk):
     """Output (B, K, G, Tp, Dh) in q's dtype and log-sum-exp (B, K, G, Tp) in f32."""
     # The barriers keep XLA from fusing the producers of the inputs (RoPE, transposes, padding)
     # into the block loops: they would be recomputed for every block, and differently in a
     # rematerialised forward than in the first one (remat then changed gradients by 1e-6).
-    q, k, v, valid = jax.lax.optimization_barrier((q, k, v, valid))
+    q, k, v, segs = jax.lax.optimization_barrier((q, k, v, segs))
     B, K, G, Tp, Dh = q.shape
     nq, nk = Tp // bq, k.shape[2] // bk
     scale = 1.0 / math.sqrt(Dh)
@@ -192,7 +196,7 @@ def _flash_forward(q, k, v, valid, offset, bq, bk):
             row_max, row_sum, acc = state
             k_j = jax.lax.dynamic_slice_in_dim(k, j * bk, bk, axis=2)
             v_j = jax.lax.dynamic_slice_in_dim(v, j * bk, bk, axis=2)
-            mask = _visible(valid, i * bq, j * bk, bq, bk, offset)
+            mask = _visible(segs, i * bq, j * bk, bq, bk, offset)
             s = jnp.where(mask, _block_scores(q_i, k_j, scale), MASK_VALUE)
             new_max = jnp.maximum(row_max, jnp.max(s, axis=-1))
             # Explicit zeros for hidden keys: a row with no visible key so far keeps a zero sum.
@@ -219,7 +223,7 @@ def _flash_forward(q, k, v, valid, offset, bq, bk):
     return jax.lax.fori_loop(0, nq, query_block, init)
 
 
-def _flash_backward(q, k, v, valid, out, lse, d_out, d_lse, offset, bq, bk):
+def _flash_backward(q, k, v, segs, out, lse, d_out, d_lse, offset, bq, bk):
     """dq, dk, dv: an outer loop over key blocks, an inner one over the query blocks that see
     them; probabilities are recomputed from the saved log-sum-exp."""
     B, K, G, Tp, Dh = q.shape
@@ -238,7 +242,7 @@ def _flash_backward(q, k, v, valid, out, lse, d_out, d_lse, offset, bq, bk):
             dq, dk_j, dv_j = state
             sl = lambda x: jax.lax.dynamic_slice_in_dim(x, i * bq, bq, axis=3)
             q_i, do_i, lse_i, delta_i = sl(q), sl(d_out), sl(lse), sl(delta)
-            mask = _visible(valid, i * bq, j * bk, bq, bk, offset)
+            mask = _visible(segs, i * bq, j * bk, bq, bk, offset)
             # Hidden entries may overflow in exp (lse = MASK_VALUE); `where` drops them.
             p = jnp.where(mask, jnp.exp(_block_scores(q_i, k_j, scale) - lse_i[..., None]), 0.0)
             dv_j += _mm("bkgqs,bkgqd->bksd", p.astype(v.dtype), do_i)
@@ -261,20 +265,20 @@ def _flash_backward(q, k, v, valid, out, lse, d_out, d_lse, offset, bq, bk):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _flash(q, k, v, valid, offset, bq, bk):
-    return _flash_forward(q, k, v, valid, offset, bq, bk)
+def _flash(q, k, v, segs, offset, bq, bk):
+    return _flash_forward(q, k, v, segs, offset, bq, bk)
 
 
-def _flash_fwd(q, k, v, valid, offset, bq, bk):
-    out, lse = _flash_forward(q, k, v, valid, offset, bq, bk)
-    return (out, lse), (q, k, v, valid, out, lse)
+def _flash_fwd(q, k, v, segs, offset, bq, bk):
+    out, lse = _flash_forward(q, k, v, segs, offset, bq, bk)
+    return (out, lse), (q, k, v, segs, out, lse)
 
 
 def _flash_bwd(offset, bq, bk, res, cotangents):
-    q, k, v, valid, out, lse = jax.lax.optimization_barrier(res)  # see `_flash_forward`
+    q, k, v, segs, out, lse = jax.lax.optimization_barrier(res)  # see `_flash_forward`
     d_out, d_lse = cotangents
-    dq, dk, dv = _flash_backward(q, k, v, valid, out, lse, d_out, d_lse, offset, bq, bk)
-    return dq, dk, dv, None
+    dq, dk, dv = _flash_backward(q, k, v, segs, out, lse, d_out, d_lse, offset, bq, bk)
+    return dq, dk, dv, (None, None)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -298,6 +302,7 @@ def blockwise_attention(
     causal_offset: int | None = 0,
     block_q: int = 512,
     block_k: int = 512,
+    segments: tuple[Array, Array] | None = None,
 ) -> tuple[Array, Array]:
     """Grouped-query attention with an online softmax over key blocks; no (T, S) array.
 
@@ -307,6 +312,8 @@ def blockwise_attention(
       valid_BS: which keys are real (False: padding, never attended to).
       causal_offset: query i sees key j iff j <= i + causal_offset (static); None: no causality.
       block_q, block_k: block sizes (static); they need not divide T or S (inputs are padded).
+      segments: (q_seg_BT, k_seg_BS) int32 for packed rows (several sequences in one row): a
+        query sees only the real keys of its own segment. None: every query one segment.
 
     Returns:
       out_BTHd in q's dtype (zero for a query that sees no key) and the log-sum-exp of its
@@ -319,10 +326,22 @@ def blockwise_attention(
     q = q_BTHd.reshape(B, T, K, H // K, Dh).transpose(0, 2, 3, 1, 4)
     k, v = (x.transpose(0, 2, 1, 3) for x in (k_BSKd, v_BSKd))
     q, k, v = _pad_axis(q, 3, Tp), _pad_axis(k, 2, Sp), _pad_axis(v, 2, Sp)
-    valid = _pad_axis(valid_BS.astype(bool), 1, Sp, False)
-    out, lse = _flash(q, k, v, valid, causal_offset, bq, bk)
+    segs = _segments(valid_BS, segments, T)
+    segs = (_pad_axis(segs[0], 1, Tp), _pad_axis(segs[1], 1, Sp))
+    out, lse = _flash(q, k, v, segs, causal_offset, bq, bk)
     out_BTHd = out[:, :, :, :T].transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
     return out_BTHd, lse[:, :, :, :T].transpose(0, 3, 1, 2).reshape(B, T, H)
+
+
+def _segments(valid_BS: Array, segments: tuple[Array, Array] | None, T: int) -> tuple[Array, Array]:
+    """(q_seg_BT, k_seg_BS) int32 with padding keys in segment 0: without packing every query
+    is segment 1 and a key is 1 where it is real."""
+    valid_BS = valid_BS.astype(bool)
+    if segments is None:
+        B = valid_BS.shape[0]
+        return jnp.ones((B, T), jnp.int32), valid_BS.astype(jnp.int32)
+    q_seg_BT, k_seg_BS = segments
+    return q_seg_BT.astype(jnp.int32), jnp.where(valid_BS, k_seg_BS.astype(jnp.int32), 0)
 
 
 def merge_attention(parts: list[tuple[Array, Array]]) -> tuple[Array, Array]:
@@ -435,6 +454,7 @@ def pallas_attention(
     valid_BT: Array,
     block: int = 512,
     interpret: bool = False,
+    segment_ids_BT: Array | None = None,
 ) -> Array:
     """Causal self-attention through jax's Pallas splash attention kernel (TPU).
 
@@ -450,13 +470,18 @@ def pallas_attention(
       valid_BT: the real tokens.
       block: the kernel's block size, rounded down to a multiple of 128.
       interpret: run the kernel in the Pallas interpreter (tests on CPU).
+      segment_ids_BT: packed rows' segments (> 0 where real): a query sees its own segment's
+        keys only. None: one segment of the real tokens.
     """
     B, T, H, Dh = q_BTHd.shape
     block = max(128, min(block, -(-T // 128) * 128) // 128 * 128)
     Tp = -(-T // block) * block
     q = (q_BTHd * (1.0 / math.sqrt(Dh))).astype(q_BTHd.dtype)  # splash does not scale
     q, k, v = (_pad_axis(x, 1, Tp).transpose(0, 2, 1, 3) for x in (q, k_BTKd, v_BTKd))
-    seg_BT = _pad_axis(valid_BT.astype(jnp.int32), 1, Tp)
+    seg_BT = valid_BT.astype(jnp.int32)
+    if segment_ids_BT is not None:
+        seg_BT = jnp.where(valid_BT, segment_ids_BT.astype(jnp.int32), 0)
+    seg_BT = _pad_axis(seg_BT, 1, Tp)
     call = functools.partial(_splash_call, block=block, interpret=interpret)
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty and set(sharding.RULES["batch"]) <= set(mesh.axis_names):
@@ -474,14 +499,31 @@ def pallas_attention(
 
 
 def causal_attention(
-    q_BTHd: Array, k_BTKd: Array, v_BTKd: Array, valid_BT: Array, impl: str, block: int
+    q_BTHd: Array,
+    k_BTKd: Array,
+    v_BTKd: Array,
+    valid_BT: Array,
+    impl: str,
+    block: int,
+    segment_ids_BT: Array | None = None,
 ) -> Array:
     """Causal self-attention over one row's valid tokens by a resolved implementation other
-    than "dense" ("xla_blockwise", "cudnn" or "pallas")."""
+    than "dense" ("xla_blockwise", "cudnn" or "pallas"); with `segment_ids_BT` (packed rows)
+    each token attends within its own segment only (not "cudnn": its lengths-based masking
+    cannot express segments)."""
     if impl == "xla_blockwise":
-        return blockwise_attention(q_BTHd, k_BTKd, v_BTKd, valid_BT, 0, block, block)[0]
+        segments = None if segment_ids_BT is None else (segment_ids_BT, segment_ids_BT)
+        out = blockwise_attention(q_BTHd, k_BTKd, v_BTKd, valid_BT, 0, block, block, segments)
+        return out[0]
     if impl == "cudnn":
+        if segment_ids_BT is not None:
+            raise ValueError(
+                "packed rows need segment masking, which the cudnn attention cannot express; "
+                "use model.attention='xla_blockwise' (or 'dense') with rl.pack"
+            )
         return cudnn_attention(q_BTHd, k_BTKd, v_BTKd, valid_BT)
     if impl == "pallas":
-        return pallas_attention(q_BTHd, k_BTKd, v_BTKd, valid_BT, block)
+        return pallas_attention(
+            q_BTHd, k_BTKd, v_BTKd, valid_BT, block, segment_ids_BT=segment_ids_BT
+        )
     raise ValueError(f"causal_attention: unknown implementation {impl!r}")

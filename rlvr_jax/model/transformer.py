@@ -333,15 +333,20 @@ def _out_and_mlp(
     return x_BTD + _project("btf,fd->btd", jax.nn.silu(gate) * up, w.down, lora, "down")
 
 
-def _self_attend(valid_BT: Array, cfg: ModelConfig) -> Attend:
-    """The attention of a full causal pass over the T tokens of `valid_BT` (their real ones)."""
+def _self_attend(valid_BT: Array, cfg: ModelConfig, segment_ids_BT: Array | None = None) -> Attend:
+    """The attention of a full causal pass over the T tokens of `valid_BT` (their real ones),
+    within each token's segment where `segment_ids_BT` packs several sequences in a row."""
     impl = attention_lib.resolve_attention(cfg, layout="causal")
     if impl == "dense":
         T = valid_BT.shape[1]
         mask_BTS = jnp.tril(jnp.ones((T, T), bool))[None] & valid_BT[:, None, :]
+        if segment_ids_BT is not None:
+            mask_BTS &= segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
         return lambda q, k, v: attention(q, k, v, mask_BTS, cfg)
     block = cfg.attention_block
-    return lambda q, k, v: attention_lib.causal_attention(q, k, v, valid_BT, impl, block)
+    return lambda q, k, v: attention_lib.causal_attention(
+        q, k, v, valid_BT, impl, block, segment_ids_BT
+    )
 
 
 def _layer(
@@ -379,6 +384,7 @@ def hidden_states(
     mask_BT: Array | None = None,
     *,
     lora: LoraParams | None = None,
+    segment_ids_BT: Array | None = None,
 ) -> tuple[Array, KVCache | None]:
     """Final-norm hidden states (B, T, D) in `cfg.dtype`, and the updated cache.
 
@@ -393,6 +399,9 @@ def hidden_states(
       mask_BT: which tokens are real (False for padding); padded keys are never attended to.
         Defaults to all True.
       lora: adapters to apply in place of `params.lora` (None: `params.lora`'s, if any).
+      segment_ids_BT: packed rows (no cache): several sequences share a row, each a run of one
+        segment id, and a token attends only to the earlier real tokens of its segment; RoPE
+        reads `positions_BT`, each sequence's own positions.
     """
     B, T = tokens_BT.shape
     dt = jnp.dtype(cfg.dtype)
@@ -401,8 +410,10 @@ def hidden_states(
         mask_BT = jnp.ones((B, T), bool)
     mask_BT = mask_BT.astype(bool)
     x = params.embed[tokens_BT].astype(dt)
+    if segment_ids_BT is not None and cache is not None:
+        raise ValueError("segment_ids_BT (packed rows) is for a full pass, without a cache")
     if cache is None:
-        attend = _self_attend(mask_BT, cfg)
+        attend = _self_attend(mask_BT, cfg, segment_ids_BT)
         write_index = None
     else:
         S = cache.num_slots

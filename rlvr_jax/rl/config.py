@@ -54,6 +54,15 @@ class RLConfig:
         ended carries over to the next round or step, and the step trains on the first B
         groups whose rows have all ended. Tokens an older policy sampled are corrected by
         `loss.tis_cap`, which must be set; the think budget is refused.
+      pack: the packed update (`rl.packing`): the step's rows packed by their real lengths
+        into rows of `pack_length` tokens, each a segment with its own positions, so that the
+        update's forwards and backward skip the padding; the numbers are the padded update's
+        to float noise. It runs the rollout and the update as two programs (the packing is
+        planned on the host between them), needs one minibatch, and compiles one update per
+        packed row count (a handful: `packing.row_buckets`). A step whose rows are too even
+        for packing to save token positions runs the padded update.
+      pack_length: tokens per packed row; 0: the padded row's length (prompt bucket plus
+        `max_new_tokens`), which holds any row.
       advantage: the advantage estimator.
       loss: the policy objective.
       critic: PPO's value model (`rl.value`); needed by, and only by, the "gae" estimator.
@@ -78,6 +87,8 @@ class RLConfig:
     shared_prompt_forward: bool = True
     decode_slots: int | Literal["auto"] = "auto"
     partial_budget: int = 0
+    pack: bool = False
+    pack_length: int = 0
 
     def __post_init__(self):
         for name in ("group_size", "mu", "num_minibatches", "num_microbatches", "logprob_chunk"):
@@ -92,6 +103,13 @@ class RLConfig:
             raise ValueError(f'rl.decode_slots={self.decode_slots!r} must be >= 1 or "auto"')
         if self.partial_budget:
             self._check_partial()
+        if isinstance(self.pack_length, str) or self.pack_length < 0:
+            raise ValueError(f"rl.pack_length={self.pack_length!r} must be >= 0 (0: the row's)")
+        if self.pack and self.num_minibatches != 1:
+            raise ValueError(
+                f"rl.pack=True with rl.num_minibatches={self.num_minibatches}: the packed update "
+                "takes one minibatch (minibatches shuffle rows after the packing is planned)"
+            )
         if not self.memory_budget_gib >= 0:
             raise ValueError(f"rl.memory_budget_gib={self.memory_budget_gib} must be >= 0")
         if self.advantage.estimator == "pass_at_k" and self.advantage.pass_k > self.group_size:

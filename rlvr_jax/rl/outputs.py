@@ -12,9 +12,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from rlvr_jax.rl.advantages import zero_variance_groups
 from rlvr_jax.types import FINISH_LENGTH, Rollout
 
 Array = jax.Array
+
+# The step metrics every train program adds to the update's (`with_useful_metrics`).
+USEFUL_TRAJECTORIES = "useful/trajectories"
+SAMPLED_TOKENS = "rollout/sampled_tokens"
 
 # Stacked per optimizer update (mu, num_minibatches); every other pass metric per microbatch.
 # "value/grad_norm" is there only with a value model.
@@ -65,6 +70,38 @@ def row_results(
     else:
         correct_N = (rewards_N > 0).astype(jnp.float32)
     return RowResults(correct_N, adv_N, rollout.lengths_N)
+
+
+def useful_rows(rewards_N: Array, G: int) -> Array:
+    """f32 count of the useful trajectories among N = B * G rows (ordered `b * G + g`): the rows
+    of the groups whose G verifier rewards are not all equal (std > 0).
+
+    A group of equal rewards (all correct, all wrong, any constant) has zero advantage under
+    every group baseline, so it gives GRPO no gradient: its rows were verified but taught
+    nothing. Counted from the rewards, not the advantages, so that the number means the same
+    for every estimator (a batch baseline or expert iteration gives such rows an advantage
+    anyway) and with the KL penalty in the reward. The train programs count it over the rows
+    the update trains on (`with_useful_metrics`). Jittable; numpy arrays are accepted.
+    """
+    mixed_B = ~zero_variance_groups(jnp.asarray(rewards_N, jnp.float32).reshape(-1, G))
+    return G * jnp.sum(mixed_B).astype(jnp.float32)
+
+
+def sampled_tokens(rollout: Rollout) -> Array:
+    """f32 count of the tokens the policy sampled in `rollout`: its generated tokens less the
+    injected ones (a multi-turn row's tool observations, the think budget's forced text)."""
+    return jnp.sum(rollout.mask_NT & ~rollout.injected_NT).astype(jnp.float32)
+
+
+def with_useful_metrics(out: StepOutput, rollout: Rollout, rewards_N: Array, G: int) -> StepOutput:
+    """`out` with `USEFUL_TRAJECTORIES` (`useful_rows` of the verifier's rewards of the rows
+    the update trained on) and `SAMPLED_TOKENS` (`sampled_tokens` of their rollout) added to
+    its metrics."""
+    useful = {
+        USEFUL_TRAJECTORIES: useful_rows(rewards_N, G),
+        SAMPLED_TOKENS: sampled_tokens(rollout),
+    }
+    return dataclasses.replace(out, metrics={**out.metrics, **useful})
 
 
 def pass_metrics(stacked: dict[str, Array]) -> dict[str, Array]:

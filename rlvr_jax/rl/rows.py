@@ -17,6 +17,7 @@ from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params, positions_from_mask
 from rlvr_jax.rl import advantages as adv_lib
 from rlvr_jax.rl import losses
+from rlvr_jax.rl import packing as packing_lib
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import value as value_lib
 from rlvr_jax.rl.config import RLConfig
@@ -25,6 +26,7 @@ from rlvr_jax.rl.logprobs import (
     grouped_completion_hidden_states,
     token_logprobs,
 )
+from rlvr_jax.rl.packing import Packing
 from rlvr_jax.rl.state import TrainState
 from rlvr_jax.types import FINISH_LENGTH, Rollout
 
@@ -118,8 +120,41 @@ def policy_logprobs(
     return hidden_logprobs(params, h_NTD, seq, model_cfg, rl)
 
 
-def _frozen_logprobs(params: Params, seq: Sequences, model_cfg: ModelConfig, rl: RLConfig):
-    """Log-probs that are constants of the update (old policy, reference); whole groups."""
+def packed_all(
+    params: Params,
+    seq: Sequences,
+    model_cfg: ModelConfig,
+    rl: RLConfig,
+    packing: Packing,
+    with_hidden: bool = False,
+) -> tuple[Array, Array | None]:
+    """`packing.all_logprobs` of the rows' completion tokens: log-probs (N, T) and, with
+    `with_hidden`, the hidden states (N, T, D) that predict them."""
+    valid_NT = seq.mask_NS[:, seq.prompt_len :]
+    return packing_lib.all_logprobs(
+        params,
+        seq.tokens_NS,
+        seq.positions_NS,
+        valid_NT,
+        packing,
+        model_cfg,
+        rl.logprob_chunk,
+        rl.temperature,
+        with_hidden,
+    )
+
+
+def _frozen_logprobs(
+    params: Params,
+    seq: Sequences,
+    model_cfg: ModelConfig,
+    rl: RLConfig,
+    packing: Packing | None = None,
+) -> Array:
+    """Log-probs that are constants of the update (old policy, reference); whole groups, or
+    the packed rows."""
+    if packing is not None:
+        return jax.lax.stop_gradient(packed_all(params, seq, model_cfg, rl, packing)[0])
     return jax.lax.stop_gradient(policy_logprobs(params, seq, model_cfg, rl, grouped=True)[0])
 
 
@@ -138,11 +173,14 @@ def critic_values(
     rl: RLConfig,
     grouped: bool,
     h_NTD: Array | None = None,
+    packing: Packing | None = None,
 ) -> Array:
     """(N, T) f32 values of the completion's states under `state.critic`: its head on the
     policy's hidden states (`h_NTD` when the caller has them) or on a separate critic's."""
     critic = state.critic.params
-    if critic.backbone is not None:
+    if critic.backbone is not None and packing is not None:
+        h_NTD = packed_all(critic.backbone, seq, model_cfg, rl, packing, with_hidden=True)[1]
+    elif critic.backbone is not None:
         h_NTD = policy_hidden(critic.backbone, seq, model_cfg, rl, grouped)
     elif h_NTD is None:
         h_NTD = policy_hidden(state.params, seq, model_cfg, rl, grouped)
@@ -158,6 +196,7 @@ def _gae_rows(
     ref_logp_NT: Array | None,
     model_cfg: ModelConfig,
     rl: RLConfig,
+    packing: Packing | None = None,
 ) -> tuple[TrainRows, dict[str, Array]]:
     """PPO's rows: per-token rewards -> the critic's values at sampling time -> GAE."""
     actions_NT = rollout.mask_NT & ~rollout.injected_NT
@@ -165,16 +204,23 @@ def _gae_rows(
     if rl.loss.kl_in_reward:
         kl_NT = losses.kl_penalty(rollout.logp_NT, ref_logp_NT, rl.loss.kl_estimator)
     r_NT = adv_lib.token_rewards(rewards_N, actions_NT, kl_NT, rl.loss.kl_beta)
-    h_NTD = None
+    h_NTD = packed_logp_NT = None
     if state.critic.params.backbone is None:  # the head reads the policy's states: one forward
-        h_NTD = jax.lax.stop_gradient(policy_hidden(state.params, seq, model_cfg, rl, True))
-    values_NT = jax.lax.stop_gradient(critic_values(state, seq, model_cfg, rl, True, h_NTD))
+        if packing is None:
+            h_NTD = policy_hidden(state.params, seq, model_cfg, rl, True)
+        else:
+            packed_logp_NT, h_NTD = packed_all(state.params, seq, model_cfg, rl, packing, True)
+        h_NTD = jax.lax.stop_gradient(h_NTD)
+    values_NT = critic_values(state, seq, model_cfg, rl, True, h_NTD, packing)
+    values_NT = jax.lax.stop_gradient(values_NT)
     adv_NT, returns_NT, stats = adv_lib.gae_advantages(r_NT, values_NT, actions_NT, rl.advantage)
     stats.update(value_lib.value_stats(values_NT, returns_NT, actions_NT))
     old_logp_NT = None
     if not rl.on_policy:
-        if h_NTD is None:
-            old_logp_NT = _frozen_logprobs(state.params, seq, model_cfg, rl)
+        if packed_logp_NT is not None:
+            old_logp_NT = jax.lax.stop_gradient(packed_logp_NT)
+        elif h_NTD is None:
+            old_logp_NT = _frozen_logprobs(state.params, seq, model_cfg, rl, packing)
         else:
             old_logp_NT = hidden_logprobs(state.params, h_NTD, seq, model_cfg, rl)[0]
     m_NT = loss_mask_NT.astype(jnp.float32)
@@ -200,6 +246,7 @@ def prepare_rows(
     parts: dict[str, Array],
     model_cfg: ModelConfig,
     rl: RLConfig,
+    packing: Packing | None = None,
 ) -> tuple[TrainRows, Array, dict[str, Array]]:
     """Everything the optimizer passes need that does not change between them.
 
@@ -211,6 +258,8 @@ def prepare_rows(
         for the advantage statistics.
       model_cfg: the architecture.
       rl: the algorithm.
+      packing: the packed layout of the rows (`rl.packing.plan`), for the frozen log-probs'
+        forwards; None: the padded rows.
 
     Returns:
       rows: the training data.
@@ -224,11 +273,11 @@ def prepare_rows(
     ref_logp_NT = None
     ref_params = state_lib.reference_params(state, rl.loss.kl_beta > 0)
     if ref_params is not None:
-        ref_logp_NT = _frozen_logprobs(ref_params, seq, model_cfg, rl)
+        ref_logp_NT = _frozen_logprobs(ref_params, seq, model_cfg, rl, packing)
     correct_BG = parts["correct"].reshape(-1, G) > 0 if "correct" in parts else None
     if rl.advantage.estimator == "gae":  # the KL penalty goes in per token, not summed
         rows, adv_stats = _gae_rows(
-            state, rollout, rewards_N, seq, loss_mask_NT, ref_logp_NT, model_cfg, rl
+            state, rollout, rewards_N, seq, loss_mask_NT, ref_logp_NT, model_cfg, rl, packing
         )
     if rl.loss.kl_in_reward:
         rewards_N = losses.kl_penalized_rewards(
@@ -255,6 +304,6 @@ def prepare_rows(
         loss_mask_NT = loss_mask_NT & (adv_N > 0)[:, None]
     old_logp_NT = None
     if not rl.on_policy:
-        old_logp_NT = _frozen_logprobs(state.params, seq, model_cfg, rl)
+        old_logp_NT = _frozen_logprobs(state.params, seq, model_cfg, rl, packing)
     rows = TrainRows(seq, loss_mask_NT, adv_N, old_logp_NT, ref_logp_NT, rollout.logp_NT)
     return rows, rewards_N, adv_stats

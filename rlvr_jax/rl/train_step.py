@@ -8,7 +8,8 @@ Two ways to run it, on the same mesh and the same parameter buffers:
   rollout is one jitted program, the rewards are computed on the host, and the update another.
 
 Both updates return `(state, StepOutput)`: scalar metrics and per-row results (`RowResults`),
-replicated. Rows are ordered `b * G + g` (sample g of prompt b) throughout.
+replicated; the metrics include the useful trajectories and sampled tokens of the rows trained
+on (`outputs.with_useful_metrics`). Rows are ordered `b * G + g` (sample g of prompt b) throughout.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.rl import sharding_plan
 from rlvr_jax.rl.config import RLConfig
-from rlvr_jax.rl.outputs import StepOutput
+from rlvr_jax.rl.outputs import StepOutput, with_useful_metrics
+from rlvr_jax.rl.packing import Packing
 from rlvr_jax.rl.state import TrainState
 from rlvr_jax.rl.update import update
 from rlvr_jax.sampling.config import SamplingParams
@@ -115,7 +117,7 @@ def build_train_step(
             state, sample_rng = split_rollout_key(state)
             rollout = _rollout(state.params, batch, sample_rng, model_cfg, rl, mesh)
             rewards_N, parts = reward_fn(rollout, batch.targets)
-            return update(
+            state, out = update(
                 state,
                 rollout,
                 rewards_N,
@@ -125,6 +127,7 @@ def build_train_step(
                 optimizer=optimizer,
                 schedule=schedule,
             )
+            return state, with_useful_metrics(out, rollout, rewards_N, rl.group_size)
 
     if shardings is None:
         return jax.jit(step, donate_argnums=0)
@@ -166,7 +169,9 @@ def build_update(
     schedule: optax.Schedule,
     shardings: sharding_plan.StepShardings | None = None,
 ) -> Callable[..., tuple[TrainState, StepOutput]]:
-    """Jitted `(state, rollout, rewards_N, parts) -> (state, StepOutput)`; the state is donated.
+    """Jitted `(state, rollout, rewards_N, parts[, packing]) -> (state, StepOutput)`; the
+    state is donated. `packing` (`rl.packing.plan` of the rollout; None: the padded rows) is
+    part of the program's shape: each packed row count compiles once.
 
     With `shardings`, the rollout (as `build_rollout` returns it), the host rewards and parts come
     in replicated (host numpy arrays are accepted on every process) and are split by rows inside
@@ -175,14 +180,18 @@ def build_update(
     mesh = None if shardings is None else shardings.mesh
 
     def update_fn(
-        state: TrainState, rollout: Rollout, rewards_N: Array, parts: dict[str, Array]
+        state: TrainState,
+        rollout: Rollout,
+        rewards_N: Array,
+        parts: dict[str, Array],
+        packing: Packing | None = None,
     ) -> tuple[TrainState, StepOutput]:
         if shardings is not None:
             rollout, rewards_N, parts = jax.lax.with_sharding_constraint(
                 (rollout, rewards_N, parts), shardings.rows
             )
         with sharding.activation_mesh(mesh):
-            return update(
+            state, out = update(
                 state,
                 rollout,
                 rewards_N,
@@ -191,14 +200,35 @@ def build_update(
                 rl=rl,
                 optimizer=optimizer,
                 schedule=schedule,
+                packing=packing,
             )
+            return state, with_useful_metrics(out, rollout, rewards_N, rl.group_size)
 
     if shardings is None:
         return jax.jit(update_fn, donate_argnums=0)
     rep = shardings.replicated
-    return jax.jit(
-        update_fn,
-        in_shardings=(shardings.state, rep, rep, rep),
-        out_shardings=(shardings.state, rep),
-        donate_argnums=0,
+    return _OptionalPacking(
+        jax.jit(
+            update_fn,
+            in_shardings=(shardings.state, rep, rep, rep, rep),
+            out_shardings=(shardings.state, rep),
+            donate_argnums=0,
+        )
     )
+
+
+class _OptionalPacking:
+    """A jitted update with explicit shardings, which take positional arguments only, called
+    with or without its last one (`packing`, None: the padded rows)."""
+
+    def __init__(self, jitted: Any):
+        self.jitted = jitted
+
+    def __call__(self, state, rollout, rewards_N, parts, packing=None):
+        return self.jitted(state, rollout, rewards_N, parts, packing)
+
+    def lower(self, state, rollout, rewards_N, parts, packing=None):
+        return self.jitted.lower(state, rollout, rewards_N, parts, packing)
+
+    def _cache_size(self) -> int:
+        return self.jitted._cache_size()

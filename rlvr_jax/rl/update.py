@@ -28,11 +28,13 @@ from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.rl import losses
+from rlvr_jax.rl import packing as packing_lib
 from rlvr_jax.rl import rows as rows_lib
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import value as value_lib
 from rlvr_jax.rl.config import RLConfig
 from rlvr_jax.rl.outputs import StepOutput, pass_metrics, rollout_metrics, row_results
+from rlvr_jax.rl.packing import Packing
 from rlvr_jax.rl.rows import TrainRows
 from rlvr_jax.rl.state import CriticState, TrainState
 from rlvr_jax.rl.value import CriticParams
@@ -70,6 +72,13 @@ def _policy_loss(
     rl: RLConfig,
 ) -> tuple[Array, dict[str, Array]]:
     logp_NT, entropy_NT = rows_lib.hidden_logprobs(params, h_NTD, mb.seq, model_cfg, rl)
+    return _objective(logp_NT, entropy_NT, mb, normalizer, rl)
+
+
+def _objective(
+    logp_NT: Array, entropy_NT: Array, mb: TrainRows, normalizer: Array, rl: RLConfig
+) -> tuple[Array, dict[str, Array]]:
+    """The policy loss of rows whose log-probs and entropies are computed."""
     old_logp_NT = jax.lax.stop_gradient(logp_NT) if mb.old_logp_NT is None else mb.old_logp_NT
     return losses.policy_loss(
         logp_NT,
@@ -101,6 +110,66 @@ def _ppo_loss(
     loss, metrics = _policy_loss(params, h_NTD, mb, normalizer, model_cfg, rl)
     if critic.backbone is not None:
         h_NTD = rows_lib.policy_hidden(critic.backbone, mb.seq, model_cfg, rl, grouped)
+    return _with_value_loss(loss, metrics, critic, h_NTD, mb, value_normalizer, rl)
+
+
+def _packed_loss(
+    params: Params,
+    critic: CriticParams | None,
+    m: Array,
+    normalizer: Array,
+    value_normalizer: Array | None,
+    *,
+    rows: TrainRows,
+    packing: Packing,
+    model_cfg: ModelConfig,
+    rl: RLConfig,
+) -> tuple[Array, dict[str, Array]]:
+    """`_loss` (or `_ppo_loss` with a critic) of the rows packed into microbatch m: their
+    log-probs come from its packed rows, the other rows leave the loss mask."""
+    seq = rows.seq
+    valid_NT = seq.mask_NS[:, seq.prompt_len :]
+    logp_NT, entropy_NT, h_NTD = packing_lib.packed_logprobs(
+        params,
+        seq.tokens_NS,
+        seq.positions_NS,
+        valid_NT,
+        packing,
+        m,
+        model_cfg,
+        rl.logprob_chunk,
+        rl.temperature,
+    )
+    mine = (packing.micro_N == m)[:, None]
+    mb = dataclasses.replace(rows, loss_mask_NT=rows.loss_mask_NT & mine)
+    loss, metrics = _objective(logp_NT, entropy_NT, mb, normalizer, rl)
+    if critic is None:
+        return loss, metrics
+    if critic.backbone is not None:
+        _, _, h_NTD = packing_lib.packed_logprobs(
+            critic.backbone,
+            seq.tokens_NS,
+            seq.positions_NS,
+            valid_NT,
+            packing,
+            m,
+            model_cfg,
+            rl.logprob_chunk,
+            rl.temperature,
+        )
+    return _with_value_loss(loss, metrics, critic, h_NTD, mb, value_normalizer, rl)
+
+
+def _with_value_loss(
+    loss: Array,
+    metrics: dict[str, Array],
+    critic: CriticParams,
+    h_NTD: Array,
+    mb: TrainRows,
+    value_normalizer: Array,
+    rl: RLConfig,
+) -> tuple[Array, dict[str, Array]]:
+    """The policy loss plus `value_coef` x the value loss of the critic's head on `h_NTD`."""
     values_NT = value_lib.head_values(critic.head, h_NTD)
     v_loss, v_metrics = value_lib.value_loss(
         values_NT,
@@ -130,6 +199,7 @@ def optimizer_passes(
     model_cfg: ModelConfig,
     rl: RLConfig,
     optimizer: optax.GradientTransformation,
+    packing: Packing | None = None,
 ) -> tuple[Carry, dict[str, Array]]:
     """`rl.mu x rl.num_minibatches` optimizer updates on the rows.
 
@@ -140,6 +210,8 @@ def optimizer_passes(
       model_cfg: the architecture.
       rl: the algorithm.
       optimizer: the optax transformation.
+      packing: the rows' packed layout (one minibatch); its microbatches replace
+        `rl.num_microbatches` equal slices of the rows.
 
     Returns:
       (params, opt_state, step, critic) after the updates (critic None without a value model),
@@ -155,6 +227,18 @@ def optimizer_passes(
         critic_optimizer = state_lib.make_critic_optimizer(rl.critic)
     else:
         loss_fn = functools.partial(_loss, model_cfg=model_cfg, rl=rl, grouped=grouped)
+    micro_xs = lambda mb: _split(mb, rl.microbatch_count())  # noqa: E731
+    if packing is not None:
+        if rl.num_minibatches != 1:
+            raise ValueError("a packed update takes one minibatch (rl.num_minibatches=1)")
+        packed = functools.partial(
+            _packed_loss, rows=rows, packing=packing, model_cfg=model_cfg, rl=rl
+        )
+        if with_critic:
+            loss_fn = packed
+        else:
+            loss_fn = lambda p, m, normalizer: packed(p, None, m, normalizer, None)  # noqa: E731
+        micro_xs = lambda mb: jnp.arange(packing.num_microbatches)  # noqa: E731
 
     def minibatch(carry: Carry, mb: TrainRows):
         params, opt_state, step, critic = carry
@@ -173,12 +257,12 @@ def optimizer_passes(
             trainable = policy
             grads_of = lambda micro: grad_fn(policy, micro, normalizer)  # noqa: E731
 
-        def accumulate(grads, micro: TrainRows):
+        def accumulate(grads, micro: TrainRows | Array):
             g, metrics = grads_of(micro)
             return jax.tree.map(jnp.add, grads, g), metrics
 
         zeros = jax.tree.map(jnp.zeros_like, trainable)
-        grads, metrics = jax.lax.scan(accumulate, zeros, _split(mb, rl.microbatch_count()))
+        grads, metrics = jax.lax.scan(accumulate, zeros, micro_xs(mb))
         metrics = dict(metrics)
         if with_critic:
             grads, critic_grads = grads
@@ -255,6 +339,7 @@ def update(
     rl: RLConfig,
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
+    packing: Packing | None = None,
 ) -> tuple[TrainState, StepOutput]:
     """Prepares the rows, runs the optimizer passes and gathers the step's metrics.
 
@@ -267,6 +352,7 @@ def update(
       rl: the algorithm.
       optimizer: the optax transformation.
       schedule: the learning-rate schedule (logged at the step's first update).
+      packing: the packed layout of the rollout's rows (`rl.packing.plan`); None: padded rows.
 
     Returns:
       The new state and the step's output.
@@ -274,10 +360,10 @@ def update(
     rl.check_rows(rollout.prompt_NP.shape[0])
     rng, pass_key = jax.random.split(state.rng)
     rows, rewards_N, adv_stats = rows_lib.prepare_rows(
-        state, rollout, rewards_N, parts, model_cfg, rl
+        state, rollout, rewards_N, parts, model_cfg, rl, packing
     )
     (params, opt_state, step, critic), stacked = optimizer_passes(
-        state, rows, pass_key, model_cfg, rl, optimizer
+        state, rows, pass_key, model_cfg, rl, optimizer, packing
     )
     results = row_results(rollout, rewards_N, rows.adv_N, parts)
     metrics = {

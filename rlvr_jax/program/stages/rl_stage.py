@@ -14,6 +14,10 @@ on the task, not on the loop:
 * Kimi k1.5 partial rollouts: rounds of at most `rl.partial_budget` tokens per row until B
   groups have ended (`rl.partial`); the rows still running are kept in the data state, and so in
   the checkpoint.
+
+Whichever the path, the step logs its verified useful trajectories (`program.runtime.useful`):
+the rows verified and tokens sampled come from the batch function, the useful rows from the
+train program.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -47,13 +52,16 @@ from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.program.evals.evaluation import heldout_evaluator
 from rlvr_jax.program.parts import build, learned_rewards
 from rlvr_jax.program.runtime import metrics as metrics_lib
+from rlvr_jax.program.runtime import useful as useful_lib
 from rlvr_jax.program.runtime.run import Stage, run_stage
 from rlvr_jax.program.settings import Settings
 from rlvr_jax.rl import dynamic_sampling, multiturn, sharding_plan
 from rlvr_jax.rl import memory as memory_lib
+from rlvr_jax.rl import packing as packing_lib
 from rlvr_jax.rl import partial as partial_lib
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
+from rlvr_jax.rl.outputs import SAMPLED_TOKENS, sampled_tokens
 from rlvr_jax.rl.state import TrainState
 from rlvr_jax.sampling.host import bucket_and_pad
 
@@ -77,7 +85,12 @@ def make_batch(
 
 def fused_step(s: Settings, task: Task) -> bool:
     """Whether the stage's step is one program: a JAX verifier and one rollout per step."""
-    return task.jax_parts is not None and not s.data.dynamic_sampling and not s.rl.partial_budget
+    return (
+        task.jax_parts is not None
+        and not s.data.dynamic_sampling
+        and not s.rl.partial_budget
+        and not s.rl.pack  # the packing is planned on the host between rollout and update
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +202,8 @@ def build_rl_step(
 
     def update(state, rollout, rewards, parts):
         with timer.stage("update"):
-            state, out = update_fn(state, rollout, rewards, parts)
+            packing = _packing(s, rollout, plan) if s.rl.pack else None
+            state, out = update_fn(state, rollout, rewards, parts, packing)
             return state, jax.device_get(out)
 
     def one_batch(state, sampler_state):
@@ -202,7 +216,9 @@ def build_rl_step(
             state, r = rollout_round(state, chosen, batch)
             state, out = update(state, r.rollout, r.rewards_N, r.parts)
         attempts = [(chosen, np.asarray(out.rows.correct_N).reshape(-1, G))]
-        return state, sampler_state, out, {}, attempts
+        # One rollout, all of it verified and trained on.
+        counts = useful_lib.step_counts(len(out.rows.correct_N), out.metrics[SAMPLED_TOKENS])
+        return state, sampler_state, out, counts, attempts
 
     run_batch = one_batch
     if s.data.dynamic_sampling:
@@ -220,6 +236,7 @@ def build_rl_step(
         sampler_state = _record_attempts(sampler, sampler_state, attempts)
         metrics["groups/success_hist"] = _success_hist(out.rows.correct_N, G)
         metrics.update(timer.metrics())
+        metrics.update(useful_lib.step_rates(metrics))
         if s.data.sampler == "curriculum":
             metrics.update(_curriculum_metrics(sampler, sampler_state))
         if s.rl.partial_budget:
@@ -281,9 +298,36 @@ def _dynamic_batch(
         )
         state, out = update(state, rollout, rewards, parts)
         attempts = [(r.examples, r.parts["correct"].reshape(-1, G)) for r in rounds]
-        return state, sampler_state, out, fill_metrics, attempts
+        # Every round was sampled and verified, the dropped groups' rows too.
+        counts = useful_lib.step_counts(
+            sum(len(r.rewards_N) for r in rounds),
+            sum(float(sampled_tokens(r.rollout)) for r in rounds),
+        )
+        return state, sampler_state, out, {**fill_metrics, **counts}, attempts
 
     return dynamic_batch
+
+
+def _packing(
+    s: Settings, rollout: Any, plan: sharding_plan.StepShardings
+) -> packing_lib.Packing | None:
+    """The packed layout of a rollout's rows (`rl.pack`), each microbatch's packed row count
+    a multiple of the mesh's row shards; None (the padded update) where packing would not save
+    token positions (rows of nearly equal lengths)."""
+    prompt_lengths_N, mask_NT = jax.device_get((rollout.prompt_lengths_N, rollout.mask_NT))
+    axes = plan.rows.spec[0] if len(plan.rows.spec) else None
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+    row_shards = math.prod(plan.mesh.shape[a] for a in axes)
+    packing = packing_lib.plan(
+        prompt_lengths_N,
+        mask_NT,
+        rollout.prompt_NP.shape[1],
+        length=s.rl.pack_length,
+        num_microbatches=s.rl.microbatch_count(),
+        row_multiple=row_shards,
+    )
+    N, S = mask_NT.shape[0], rollout.prompt_NP.shape[1] + mask_NT.shape[1]
+    return packing if packing.src_MRL.size < N * S else None
 
 
 def _host_ahead(s: Settings, task: Task) -> bool:
@@ -374,7 +418,8 @@ def _precompile_host(
         for batch in batches():
             args = _update_args(rollout_program, state.params, batch, key, task, s, plan)
             jobs.append(lambda b=batch: rollout_program.lower(state.params, b, key).compile())
-            jobs.append(lambda a=args: update_fn.lower(state, *a).compile())
+            if not s.rl.pack:  # a packed update's shape is known only from its rollout
+                jobs.append(lambda a=args: update_fn.lower(state, *a).compile())
         with concurrent.futures.ThreadPoolExecutor(len(jobs), "compile") as pool:
             for job in [pool.submit(job) for job in jobs]:
                 job.result()
@@ -395,7 +440,12 @@ def build_partial_batch(
 ) -> Callable[[TrainState, PartialState], tuple]:
     """The batch of a step with partial rollouts (`rl.partial`): rounds of at most
     `rl.partial_budget` tokens per row until B groups have ended, then `update` on them.
-    Returns `(state, data_state) -> (state, data_state, output, metrics, attempts)`."""
+    Returns `(state, data_state) -> (state, data_state, output, metrics, attempts)`.
+
+    Its useful-trajectory counts (`program.runtime.useful`): the tokens of every round, those
+    of rows that finish in a later step included; the rows verified, only those of the B groups
+    verified and trained on here: a row counts once, finished and verified, not per segment
+    (a complete group left waiting counts in the step that takes it)."""
     G, B = s.rl.group_size, s.train.batch_prompts
     T = s.rl.sampler.max_new_tokens
     # A round: each row's prompt and tokens so far (so no prompt group), `budget` new tokens.
@@ -451,6 +501,7 @@ def build_partial_batch(
             "partial/waiting_groups": sum(g.complete for g in pending),
             "rollout/slot_utilisation": kept / max(slot_steps, 1.0),
             "rollout/decode_steps": decode_steps,
+            **useful_lib.step_counts(len(rewards), kept),
         }
         state, out = update(state, rollout, rewards, parts)
         attempts = [(chosen, np.asarray(out.rows.correct_N).reshape(-1, G))]

@@ -38,7 +38,7 @@ import numpy as np
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.program import settings as settings_lib
 from rlvr_jax.program.evals import plots
-from rlvr_jax.program.runtime import metrics
+from rlvr_jax.program.runtime import metrics, useful
 from rlvr_jax.program.stages import dispatch
 
 # Every variant starts from these values, so that a base config's own choices of stage,
@@ -291,6 +291,8 @@ def run_stats(records: Sequence[Mapping[str, Any]], result: Mapping[str, Any]) -
     - zero_variance: the mean over steps of the fraction of groups whose rewards are all equal.
     - successes_per_minute: verified-correct samples per minute of step time, from step 2 on
       (step 1 carries the compilation).
+    - useful_per_hour: verified useful trajectories (rows of groups whose rewards differ) per
+      hour of step time, from step 2 on (`useful.run_per_hour`); NaN for a ledger without them.
 
     Args:
       records: the run's `metrics.read_metrics` records (only the step rows are used).
@@ -324,6 +326,7 @@ def run_stats(records: Sequence[Mapping[str, Any]], result: Mapping[str, Any]) -
         "successes": float(np.sum(acc) * n_rows),
         "successes_per_minute": float(60 * np.sum(ok_timed) / seconds) if seconds else math.nan,
         "step_seconds": seconds / max(int(np.sum(timed)), 1),
+        "useful_per_hour": useful.run_per_hour(records),
     }
 
 
@@ -354,7 +357,7 @@ def markdown_table(summary: Mapping[str, Mapping[str, Any]], num_seeds: int) -> 
     """The study's table: one row per variant, mean ± std over seeds."""
     lines = [
         "| variant | what changes | held-out acc. after | gain | len. correct | len. incorrect "
-        "| zero-var. groups | verified / min |",
+        "| zero-var. groups | useful / h |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, row in summary.items():
@@ -363,7 +366,7 @@ def markdown_table(summary: Mapping[str, Mapping[str, Any]], num_seeds: int) -> 
             f"| {name} | {VARIANTS[name][0]} | {_fmt(acc)} ± {_fmt(acc_sd)} "
             f"| {gain:+.3f} ± {_fmt(gain_sd)} | {_fmt(row['len_correct'][0], 2)} "
             f"| {_fmt(row['len_incorrect'][0], 2)} | {_fmt(row['zero_variance'][0])} "
-            f"| {_fmt(row['successes_per_minute'][0], 0)} |"
+            f"| {_fmt(row['useful_per_hour'][0], 0)} |"
         )
     before = [row["acc_before"][0] for row in summary.values()]
     lines += [
@@ -371,8 +374,9 @@ def markdown_table(summary: Mapping[str, Mapping[str, Any]], num_seeds: int) -> 
         f"Mean ± sample std over {num_seeds} seed(s). Held-out accuracy: greedy, before RL "
         f"{_fmt(float(np.mean(before)))}. Lengths (tokens, end token included): training "
         "rollouts of the last quarter of the steps. Zero-var. groups: mean fraction of groups "
-        "whose rewards are all equal. Verified / min: correct samples per minute of step time "
-        "(step 1, the compilation, excluded).",
+        "whose rewards are all equal. Useful / h: verified useful trajectories (samples of groups "
+        "whose rewards differ, the ones that give a gradient) per hour of step time (step 1, "
+        "the compilation, excluded).",
     ]
     return "\n".join(lines) + "\n"
 

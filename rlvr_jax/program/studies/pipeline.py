@@ -36,7 +36,8 @@ plus a `pipeline` section:
 
 Every stage is an ordinary stage workdir, `<workdir>/<index>_<name>/` (checkpoints, ledger,
 settings), which ends with `hf/` (its weights, the next stage's `model.source`) and
-`stage.json` (its steps and evaluation). A rerun skips the stages with a `stage.json` and
+`stage.json` (its steps, its evaluation and, for an RL stage, its verified useful
+trajectories per hour of step time). A rerun skips the stages with a `stage.json` and
 resumes a partly trained one from its newest checkpoint (`dispatch.run`). The starting model's
 evaluation is `<workdir>/0_start/stage.json`; the baseline runs in `<workdir>/baseline_<name>/`.
 At the end: `<workdir>/pipeline.md` (the stage x metric table, `pipeline_eval`), `pipeline.json`
@@ -50,6 +51,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -64,6 +66,7 @@ from rlvr_jax.model import hf
 from rlvr_jax.program import settings as settings_lib
 from rlvr_jax.program.evals.evaluation import EvalOptions
 from rlvr_jax.program.parts import build
+from rlvr_jax.program.runtime import metrics, useful
 from rlvr_jax.program.stages import dispatch
 from rlvr_jax.program.studies import pipeline_eval, rejection
 from rlvr_jax.program.studies.ablation import override
@@ -342,7 +345,7 @@ def run_one_stage(
 
     Returns:
       {"stage": label, "steps", "source" (its exported weights), "started_from", "eval",
-      "seconds"}.
+      "seconds", "useful_per_hour" (`stage_useful_per_hour`)}.
 
     Raises:
       StageStoppedError: the stage stopped early; its checkpoint is saved and a rerun resumes it.
@@ -379,10 +382,18 @@ def run_one_stage(
         "started_from": settings.model.source,
         "eval": evaluate(str(source)),
         "seconds": time.time() - start,
+        pipeline_eval.USEFUL_KEY: stage_useful_per_hour(run_dir),
     }
     for name in dict.fromkeys((pipeline_eval.ACCURACY, headline)):
         log(f"{label}: {record['steps']} steps, {name} {record['eval'][name]:.3f}")
     return _write_done(run_dir, record)
+
+
+def stage_useful_per_hour(run_dir: Path) -> float | None:
+    """A stage's verified useful trajectories per hour of step time, from its ledger
+    (`useful.run_per_hour`); None for a stage that logged none (SFT)."""
+    rate = useful.run_per_hour(metrics.read_metrics(run_dir))
+    return None if math.isnan(rate) else rate
 
 
 REF = "@"

@@ -48,6 +48,9 @@ FORMAT = "format rate"
 LANGUAGE = "language consistency"
 TOOL_CALL_RATE = "tool-call rate"
 TOOL_ERRORS = "tool errors"
+# A table row's verified useful trajectories per hour of step time (an RL stage's), its column.
+USEFUL_KEY = "useful_per_hour"
+USEFUL_COLUMN = "useful / h"
 
 
 def response_text(tokens: Sequence[int], tok: Tokenizer) -> str:
@@ -258,21 +261,29 @@ def metric_names(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 def markdown_table(rows: Sequence[Mapping[str, Any]], headline: str = ACCURACY) -> str:
     """Stage x metric, one row per stage (stage 0 the starting model, then each stage, then any
     baseline branch), with the change in the `headline` metric over the row the stage started
-    from (the last column, "Δ <headline>").
+    from (the last column, "Δ <headline>"). Where a stage trained with RL, a column after the
+    steps gives each stage's verified useful trajectories per hour of step time (n/a for the
+    others: the start, SFT).
 
     Args:
       rows: {"stage": label, "steps": int, "from": label of the row it started from or None,
-        "eval": {metric: value}} each.
+        "eval": {metric: value}, optionally `USEFUL_KEY`: useful trajectories per hour} each.
       headline: the metric whose change is shown.
     """
     names = metric_names(rows)
     by_label = {r["stage"]: r for r in rows}
-    head = ["stage", "steps", *names, "Δ acc." if headline == ACCURACY else f"Δ {headline}"]
+    useful = any(r.get(USEFUL_KEY) is not None for r in rows)
+    head = ["stage", "steps", *([USEFUL_COLUMN] if useful else []), *names]
+    head.append("Δ acc." if headline == ACCURACY else f"Δ {headline}")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         start = by_label.get(r["from"]) if r["from"] else None
         delta = "" if start is None else f"{r['eval'][headline] - start['eval'][headline]:+.3f}"
-        cells = [r["stage"], _fmt(r["steps"]), *(_fmt(r["eval"].get(n)) for n in names), delta]
+        cells = [r["stage"], _fmt(r["steps"])]
+        if useful:
+            rate = r.get(USEFUL_KEY)
+            cells.append("n/a" if rate is None else f"{rate:.0f}")
+        cells += [*(_fmt(r["eval"].get(n)) for n in names), delta]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -1,0 +1,141 @@
+"""Packed rows (several sequences in one row, told apart by segment ids) give each sequence the
+hidden states and gradients it has alone, in every attention implementation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlvr_jax.model import attention as attn
+from rlvr_jax.model import config as config_lib
+from rlvr_jax.model import transformer as tf
+
+CFG = config_lib.PRESETS["tiny"].replace(vocab_size=64)
+LENGTHS = (5, 7, 3, 4)
+# Row 0: sequences 0 and 2 then padding; row 1: sequence 1 then 3, then padding.
+LAYOUT = (((0, 0), (2, 5)), ((1, 0), (3, 7)))
+L = 12
+
+
+def _sequences():
+    rng = np.random.default_rng(0)
+    return [rng.integers(1, CFG.vocab_size, n) for n in LENGTHS]
+
+
+def _packed(seqs):
+    """(tokens, positions, segment ids) of the two packed rows of `LAYOUT`."""
+    tokens, positions, segments = (np.zeros((len(LAYOUT), L), np.int32) for _ in range(3))
+    for r, row in enumerate(LAYOUT):
+        for seg, (n, start) in enumerate(row, start=1):
+            end = start + len(seqs[n])
+            tokens[r, start:end] = seqs[n]
+            positions[r, start:end] = np.arange(len(seqs[n]))
+            segments[r, start:end] = seg
+    return tokens, positions, segments
+
+
+def _alone(seqs):
+    """(tokens, positions, mask) of each sequence in its own right-padded row."""
+    T = max(LENGTHS)
+    tokens, positions = np.zeros((len(seqs), T), np.int32), np.zeros((len(seqs), T), np.int32)
+    mask = np.zeros((len(seqs), T), bool)
+    for n, s in enumerate(seqs):
+        tokens[n, : len(s)], positions[n, : len(s)], mask[n, : len(s)] = s, np.arange(len(s)), True
+    return tokens, positions, mask
+
+
+def _cotangents(seqs):
+    """A cotangent per real token, laid out both ways."""
+    rng = np.random.default_rng(1)
+    per_seq = [rng.standard_normal((len(s), CFG.embed_dim)).astype(np.float32) for s in seqs]
+    packed = np.zeros((len(LAYOUT), L, CFG.embed_dim), np.float32)
+    for r, row in enumerate(LAYOUT):
+        for n, start in row:
+            packed[r, start : start + len(seqs[n])] = per_seq[n]
+    alone = np.zeros((len(seqs), max(LENGTHS), CFG.embed_dim), np.float32)
+    for n, c in enumerate(per_seq):
+        alone[n, : len(c)] = c
+    return packed, alone
+
+
+@pytest.fixture(scope="module")
+def params():
+    return tf.init_params(jax.random.key(0), CFG)
+
+
+@pytest.mark.parametrize("impl", ["dense", "xla_blockwise"])
+def test_packed_hidden_states_and_grads_equal_each_sequence_alone(params, impl):
+    cfg = CFG.replace(attention=impl, attention_block=4)  # blocks cross segment boundaries
+    seqs = _sequences()
+    p_tokens, p_positions, p_segments = _packed(seqs)
+    a_tokens, a_positions, a_mask = _alone(seqs)
+    ct_packed, ct_alone = _cotangents(seqs)
+
+    def packed(p):
+        h, _ = tf.hidden_states(
+            p, p_tokens, p_positions, cfg, mask_BT=p_segments > 0, segment_ids_BT=p_segments
+        )
+        return jnp.sum(h * ct_packed), h
+
+    def alone(p):
+        h, _ = tf.hidden_states(p, a_tokens, a_positions, cfg, mask_BT=a_mask)
+        return jnp.sum(h * ct_alone), h
+
+    (_, h_p), g_p = jax.jit(jax.value_and_grad(packed, has_aux=True))(params)
+    (_, h_a), g_a = jax.jit(jax.value_and_grad(alone, has_aux=True))(params)
+    h_p, h_a = np.asarray(h_p), np.asarray(h_a)
+    for r, row in enumerate(LAYOUT):
+        for n, start in row:
+            got = h_p[r, start : start + LENGTHS[n]]
+            np.testing.assert_allclose(got, h_a[n, : LENGTHS[n]], atol=1e-5)
+    for x, y in zip(jax.tree.leaves(g_p), jax.tree.leaves(g_a), strict=True):
+        scale = max(1.0, float(np.abs(np.asarray(y)).max()))
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=1e-5 * scale)
+
+
+def _qkv(seed, B, T, H, K, Dh):
+    rng = np.random.default_rng(seed)
+    draw = lambda *shape: rng.standard_normal(shape, dtype=np.float32)  # noqa: E731
+    return draw(B, T, H, Dh), draw(B, T, K, Dh), draw(B, T, K, Dh)
+
+
+def _segment_mask(segments):
+    T = segments.shape[1]
+    same = segments[:, :, None] == segments[:, None, :]
+    return same & (segments[:, None, :] > 0) & np.tril(np.ones((T, T), bool))[None]
+
+
+@pytest.mark.parametrize("kernel", ["blockwise", "pallas"])
+def test_segment_kernels_equal_the_dense_segment_mask(kernel):
+    B, T, H, K, Dh = 2, 20, 4, 2, 16
+    q, k, v = _qkv(3, B, T, H, K, Dh)
+    segments = np.zeros((B, T), np.int32)
+    segments[0, :6], segments[0, 6:15], segments[1, :20] = 1, 2, 3
+    segments[1, 9:] = 4  # a row with no padding
+    valid = segments > 0
+    ct = np.random.default_rng(4).standard_normal(q.shape).astype(np.float32)
+    ct *= valid[:, :, None, None]
+    mask = _segment_mask(segments)
+
+    def dense(q, k, v):
+        return jnp.sum(tf.attention(q, k, v, mask, CFG) * ct)
+
+    def fused(q, k, v):
+        if kernel == "blockwise":
+            out = attn.blockwise_attention(q, k, v, valid, 0, 8, 8, (segments, segments))[0]
+        else:
+            out = attn.pallas_attention(q, k, v, valid, interpret=True, segment_ids_BT=segments)
+        return jnp.sum(out * ct)
+
+    ref = jax.jit(jax.grad(dense, (0, 1, 2)))(q, k, v)
+    got = jax.jit(jax.grad(fused, (0, 1, 2)))(q, k, v)
+    for g, r in zip(got, ref, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5)
+    np.testing.assert_allclose(float(jax.jit(fused)(q, k, v)), float(dense(q, k, v)), rtol=1e-5)
+
+
+def test_cudnn_refuses_segments():
+    q, k, v = _qkv(5, 1, 8, 2, 2, 8)
+    segments = np.ones((1, 8), np.int32)
+    with pytest.raises(ValueError, match="cudnn attention cannot express"):
+        attn.causal_attention(q, k, v, segments > 0, "cudnn", 8, segments)

@@ -1,0 +1,225 @@
+"""The packed update: its plan places every real token once, and the update it runs equals the
+padded update on the same rollout, for every objective."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from rlvr_jax.model import config as config_lib
+from rlvr_jax.model import lora as lora_lib
+from rlvr_jax.model import transformer as tf
+from rlvr_jax.rl import advantages as adv_lib
+from rlvr_jax.rl import losses
+from rlvr_jax.rl import packing as packing_lib
+from rlvr_jax.rl import state as state_lib
+from rlvr_jax.rl import train_step as ts
+from rlvr_jax.rl import value as value_lib
+from rlvr_jax.sampling.config import SamplerConfig
+from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, Rollout
+
+B, G, P, T = 4, 4, 6, 12
+N = B * G
+CFG = config_lib.PRESETS["tiny"].replace(vocab_size=32)
+
+
+def _rollout(seed: int = 0) -> Rollout:
+    """B left-padded prompts x G right-padded completions of long-tailed lengths."""
+    rng = np.random.default_rng(seed)
+    prompt_lengths = np.repeat(rng.integers(2, P + 1, B), G)
+    lengths = np.minimum(rng.geometric(0.25, N), T)
+    lengths[3] = T  # one truncated row
+    lengths[5] = 1
+    prompt = np.where(
+        np.arange(P)[None, :] >= P - prompt_lengths[:, None], rng.integers(1, 32, (N, P)), 0
+    )
+    prompt = np.repeat(prompt[::G], G, axis=0)
+    mask = np.arange(T)[None, :] < lengths[:, None]
+    tokens = np.where(mask, rng.integers(1, 32, (N, T)), 0)
+    logp = np.where(mask, -rng.uniform(0.5, 3.0, (N, T)), 0.0).astype(np.float32)
+    injected = np.zeros((N, T), bool)
+    injected[7, :2] = mask[7, :2]  # forced tokens: context, not loss
+    return Rollout(
+        prompt_NP=jnp.asarray(prompt, jnp.int32),
+        prompt_lengths_N=jnp.asarray(prompt_lengths, jnp.int32),
+        tokens_NT=jnp.asarray(tokens, jnp.int32),
+        logp_NT=jnp.asarray(logp),
+        mask_NT=jnp.asarray(mask),
+        injected_NT=jnp.asarray(injected),
+        lengths_N=jnp.asarray(lengths, jnp.int32),
+        finish_N=jnp.asarray(np.where(lengths == T, FINISH_LENGTH, FINISH_EOS), jnp.int32),
+    )
+
+
+def _plan(rollout: Rollout, **kwargs) -> packing_lib.Packing:
+    p = packing_lib.plan(
+        np.asarray(rollout.prompt_lengths_N), np.asarray(rollout.mask_NT), P, **kwargs
+    )
+    return jax.tree.map(jnp.asarray, p)
+
+
+def test_the_plan_places_every_real_token_once_with_its_position():
+    rollout = _rollout()
+    seq_tokens = np.concatenate([rollout.prompt_NP, rollout.tokens_NT], axis=1)
+    plan = packing_lib.plan(
+        np.asarray(rollout.prompt_lengths_N),
+        np.asarray(rollout.mask_NT),
+        P,
+        length=20,
+        num_microbatches=2,
+    )
+    M, R, L = plan.src_MRL.shape
+    real = plan.segment_MRL > 0
+    placed = np.sort(plan.src_MRL[real])
+    prompt_real = np.arange(P)[None, :] >= P - np.asarray(rollout.prompt_lengths_N)[:, None]
+    want = np.flatnonzero(np.concatenate([prompt_real, np.asarray(rollout.mask_NT)], axis=1))
+    np.testing.assert_array_equal(placed, want)
+    used = real.any(axis=2).sum()
+    assert M * R * L < N * (P + T) and real.sum() >= 0.75 * used * L  # full packed rows
+    # Each completion token's predictor is the token before it, in the same microbatch.
+    lengths = np.asarray(rollout.lengths_N)
+    for n in range(N):
+        m = plan.micro_N[n]
+        flat_src = plan.src_MRL[m].reshape(-1)
+        for t in range(lengths[n]):
+            here = plan.pred_NT[n, t]
+            assert flat_src[here + 1] == n * (P + T) + P + t
+            assert seq_tokens.reshape(-1)[flat_src[here + 1]] == rollout.tokens_NT[n, t]
+    # Tokens per microbatch are balanced to within the longest row.
+    per_micro = real.reshape(M, -1).sum(axis=1)
+    assert per_micro.max() - per_micro.min() <= P + T
+
+
+def test_row_counts_are_bucketed_and_bad_rows_named():
+    assert packing_lib.row_buckets(64, 2) == [2, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    assert packing_lib.row_buckets(24, 8) == [8, 16, 24]
+    rollout = _rollout()
+    plan = packing_lib.plan(np.asarray(rollout.prompt_lengths_N), np.asarray(rollout.mask_NT), P)
+    assert plan.src_MRL.shape[1] in packing_lib.row_buckets(N, 1)
+    with pytest.raises(ValueError, match="real tokens, more than rl.pack_length=8"):
+        packing_lib.plan(
+            np.asarray(rollout.prompt_lengths_N), np.asarray(rollout.mask_NT), P, length=8
+        )
+    holed = np.asarray(rollout.mask_NT).copy()
+    holed[2, 0] = False
+    with pytest.raises(ValueError, match="row 2's completion tokens are not a prefix"):
+        packing_lib.plan(np.asarray(rollout.prompt_lengths_N), holed, P)
+
+
+def _perturbed(tree, seed, scale=0.05):
+    """`tree` plus small random values (a zero-initialised head or adapter learns nothing
+    visible in one step)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return treedef.unflatten(
+        [
+            x + scale * jax.random.normal(k, x.shape, x.dtype)
+            for x, k in zip(leaves, keys, strict=True)
+        ]
+    )
+
+
+def _state(rl, params=None, sgd=None):
+    # A copy each time: the update donates its state.
+    params = tf.init_params(jax.random.key(0), CFG) if params is None else params
+    params = jax.tree.map(jnp.copy, params)
+    sgd = optax.sgd(0.3) if sgd is None else sgd
+    state = state_lib.init_train_state(
+        params, sgd, jax.random.key(1), use_reference=rl.loss.kl_beta > 0
+    )
+    if rl.loss.kl_beta > 0:  # a reference that differs from the policy
+        ref = jax.tree.map(lambda x: x * 1.01 if x.dtype == jnp.float32 else x, params)
+        state = dataclasses.replace(state, ref_params=ref)
+    if rl.critic.enabled:
+        critic = value_lib.init_critic(rl.critic, params)
+        critic = dataclasses.replace(critic, head=_perturbed(critic.head, 2))
+        state = dataclasses.replace(state, critic=state_lib.init_critic_state(critic, rl.critic))
+    return state
+
+
+def _compare(rl, packing_kwargs=None, params=None, rtol=1e-5, atol=1e-5):
+    """The packed and padded updates on one rollout: new parameters and every metric."""
+    rollout = _rollout(1)
+    rewards = np.asarray(np.arange(N) % 3 == 0, np.float32)
+    parts = {"correct": rewards}
+    sgd = optax.sgd(0.3)
+    sched = optax.constant_schedule(0.3)
+    update = ts.build_update(CFG, rl, sgd, sched)
+    plan = _plan(rollout, num_microbatches=rl.microbatch_count(), **(packing_kwargs or {}))
+    padded = update(_state(rl, params, sgd), rollout, rewards, parts)
+    packed = update(_state(rl, params, sgd), rollout, rewards, parts, plan)
+    (new_a, out_a), (new_b, out_b) = jax.device_get((padded, packed))
+    assert out_a.metrics.keys() == out_b.metrics.keys()
+    for k in out_a.metrics:
+        np.testing.assert_allclose(
+            out_b.metrics[k], out_a.metrics[k], rtol=rtol, atol=atol, err_msg=k
+        )
+    for x, y in zip(jax.tree.leaves(new_b.params), jax.tree.leaves(new_a.params), strict=True):
+        np.testing.assert_allclose(x, y, rtol=0, atol=atol)
+    assert float(out_a.metrics["grad_norm"]) > 0
+    return out_a.metrics
+
+
+SAMPLER = SamplerConfig(max_new_tokens=T, eos_ids=(1,), pad_id=0)
+
+
+@pytest.mark.parametrize("aggregation", losses.AGGREGATIONS)
+def test_packed_update_equals_padded_for_every_aggregation(aggregation):
+    rl = ts.RLConfig(
+        group_size=G,
+        sampler=SAMPLER,
+        loss=losses.LossConfig(aggregation=aggregation, entropy_coef=0.01),
+        num_microbatches=2,
+    )
+    _compare(rl)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3", "low_var_kl", "k3_plus"])
+def test_packed_update_equals_padded_with_kl_and_off_policy_passes(estimator):
+    rl = ts.RLConfig(
+        group_size=G,
+        sampler=SAMPLER,
+        mu=2,
+        loss=losses.LossConfig(kl_beta=0.05, kl_estimator=estimator, tis_cap=2.0),
+    )
+    metrics = _compare(rl, packing_kwargs=dict(length=24))
+    assert abs(float(metrics["loss/kl"])) > 0
+
+
+@pytest.mark.parametrize("kind", ["head", "model"])
+def test_packed_update_equals_padded_for_ppo_with_a_critic(kind):
+    rl = ts.RLConfig(
+        group_size=G,
+        sampler=SAMPLER,
+        num_microbatches=2,
+        advantage=adv_lib.AdvantageConfig("gae"),
+        critic=value_lib.CriticConfig(kind=kind),
+        loss=losses.LossConfig(policy_loss="ppo_clip"),
+    )
+    _compare(rl)
+
+
+def test_packed_update_equals_padded_with_lora():
+    params = tf.init_params(jax.random.key(0), CFG)
+    lora = lora_lib.init_lora(jax.random.key(3), CFG, lora_lib.LoraConfig(rank=4, alpha=8.0))
+    params = dataclasses.replace(params, lora=_perturbed(lora, 4))
+    rl = ts.RLConfig(group_size=G, sampler=SAMPLER, num_microbatches=2)
+    _compare(rl, params=params)
+
+
+def test_the_packed_update_compiles_once_per_row_bucket():
+    rl = ts.RLConfig(group_size=G, sampler=SAMPLER)
+    sgd = optax.sgd(0.3)
+    update = ts.build_update(CFG, rl, sgd, optax.constant_schedule(0.3))
+    state = _state(rl, sgd=sgd)
+    rewards = np.asarray(np.arange(N) % 3 == 0, np.float32)
+    buckets = set()
+    for i in range(20):
+        rollout = _rollout(100 + i)
+        plan = _plan(rollout, length=P + T)
+        buckets.add(plan.src_MRL.shape[1])
+        state, _ = update(state, rollout, rewards, {"correct": rewards}, plan)
+    assert update._cache_size() == len(buckets) <= len(packing_lib.row_buckets(N, 1))
