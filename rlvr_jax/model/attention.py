@@ -62,7 +62,7 @@ from rlvr_jax.model.config import ModelConfig
 Array = jax.Array
 # Finite rather than -inf, as in the dense reference: rows with no visible key stay finite.
 MASK_VALUE = -1e30
-LAYOUTS = ("causal", "grouped")
+LAYOUTS = ("causal", "grouped", "packed")
 _CUDNN_DTYPES = ("bfloat16", "float16")
 _PALLAS_DTYPES = ("bfloat16", "float32")
 
@@ -107,13 +107,15 @@ def resolve_attention(
     shared prompt, merged through log-sum-exps) runs blockwise unless "dense" is asked for, also
     when a fused kernel is forced: the fused kernels return no log-sum-exp that carries a
     gradient (cuDNN drops the residual's cotangent; splash refuses to differentiate with
-    `save_residuals`).
+    `save_residuals`). The "packed" layout (the packed update's rows, `segment_visible`) runs
+    blockwise under "auto": cuDNN cannot mask segments, and splash only plain ones (forced
+    "pallas" takes those; `rl.packing.plan(group_size=1)`).
 
     Args:
       cfg: reads `attention` and `head_dim`.
       backend: "cpu", "gpu", "rocm" or "tpu"; None reads `current_backend()`.
       dtype: the dtype of q, k, v; None reads `cfg.dtype`.
-      layout: "causal" (one row's tokens over its own valid prefix) or "grouped".
+      layout: "causal" (one row's tokens over its own valid prefix), "grouped" or "packed".
 
     Raises:
       ValueError: "cudnn" or "pallas" asked for where that kernel cannot run.
@@ -129,11 +131,27 @@ def resolve_attention(
         fused = {"gpu": "cudnn", "tpu": "pallas"}.get(backend)
         if fused is None or _fused_unsupported(fused, backend, dtype, cfg.head_dim):
             return "xla_blockwise"
-        return "xla_blockwise" if layout == "grouped" else fused
+        return "xla_blockwise" if layout in ("grouped", "packed") else fused
     reason = _fused_unsupported(impl, backend, dtype, cfg.head_dim)
     if reason:
         raise ValueError(f"attention={impl!r} cannot run here: {reason}")
     return "xla_blockwise" if layout == "grouped" else impl
+
+
+# ---------------------------------------------------------------------------------------------
+# Segments of packed rows
+
+# A packed row's segment id is `sequence * BRANCHES + branch`. Branch 0 is a prefix that every
+# branch of its sequence sees (a group's prompt, packed once); a branch b > 0 (one completion)
+# sees the prefix and itself. With branch 0 only, ids are plain segment ids.
+BRANCHES = 1 << 12
+
+
+def segment_visible(q_seg: Array, k_seg: Array) -> Array:
+    """Whether a key of segment id `k_seg` is visible to a query of `q_seg` (broadcast):
+    the same sequence, and the key's branch is the shared prefix or the query's own."""
+    same_sequence = q_seg // BRANCHES == k_seg // BRANCHES
+    return same_sequence & ((k_seg % BRANCHES == 0) | (k_seg == q_seg))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,12 +160,12 @@ def resolve_attention(
 
 def _visible(segs: tuple[Array, Array], q0: Array, k0: Array, bq: int, bk: int, offset):
     """The (B, 1, 1, bq, bk) mask of the query block starting at row q0 and the key block
-    starting at key k0: a key is visible when its segment is the query's (padding is segment
-    0, which no query sees) and, with an offset, causality allows it."""
+    starting at key k0: a key is visible when `segment_visible` (padding is segment 0, which
+    no query sees) and, with an offset, causality allows it."""
     q_seg_BT, k_seg_BS = segs
     q_seg = jax.lax.dynamic_slice_in_dim(q_seg_BT, q0, bq, axis=1)[:, :, None]
     k_seg = jax.lax.dynamic_slice_in_dim(k_seg_BS, k0, bk, axis=1)[:, None, :]
-    visible = ((k_seg == q_seg) & (k_seg > 0))[:, None, None]
+    visible = (segment_visible(q_seg, k_seg) & (k_seg > 0))[:, None, None]
     if offset is None:
         return visible
     rows, cols = q0 + jnp.arange(bq), k0 + jnp.arange(bk)
@@ -313,7 +331,7 @@ def blockwise_attention(
       causal_offset: query i sees key j iff j <= i + causal_offset (static); None: no causality.
       block_q, block_k: block sizes (static); they need not divide T or S (inputs are padded).
       segments: (q_seg_BT, k_seg_BS) int32 for packed rows (several sequences in one row): a
-        query sees only the real keys of its own segment. None: every query one segment.
+        query sees only the real keys `segment_visible` allows. None: every query one segment.
 
     Returns:
       out_BTHd in q's dtype (zero for a query that sees no key) and the log-sum-exp of its
@@ -471,7 +489,8 @@ def pallas_attention(
       block: the kernel's block size, rounded down to a multiple of 128.
       interpret: run the kernel in the Pallas interpreter (tests on CPU).
       segment_ids_BT: packed rows' segments (> 0 where real): a query sees its own segment's
-        keys only. None: one segment of the real tokens.
+        keys only (splash compares ids: branch 0 only, see `BRANCHES`). None: one segment of
+        the real tokens.
     """
     B, T, H, Dh = q_BTHd.shape
     block = max(128, min(block, -(-T // 128) * 128) // 128 * 128)
@@ -509,8 +528,8 @@ def causal_attention(
 ) -> Array:
     """Causal self-attention over one row's valid tokens by a resolved implementation other
     than "dense" ("xla_blockwise", "cudnn" or "pallas"); with `segment_ids_BT` (packed rows)
-    each token attends within its own segment only (not "cudnn": its lengths-based masking
-    cannot express segments)."""
+    each token attends where `segment_visible` allows (not "cudnn": its lengths-based masking
+    cannot express segments; "pallas" only with branch 0, plain segment ids)."""
     if impl == "xla_blockwise":
         segments = None if segment_ids_BT is None else (segment_ids_BT, segment_ids_BT)
         out = blockwise_attention(q_BTHd, k_BTKd, v_BTKd, valid_BT, 0, block, block, segments)

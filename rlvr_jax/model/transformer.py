@@ -336,12 +336,14 @@ def _out_and_mlp(
 def _self_attend(valid_BT: Array, cfg: ModelConfig, segment_ids_BT: Array | None = None) -> Attend:
     """The attention of a full causal pass over the T tokens of `valid_BT` (their real ones),
     within each token's segment where `segment_ids_BT` packs several sequences in a row."""
-    impl = attention_lib.resolve_attention(cfg, layout="causal")
+    layout = "causal" if segment_ids_BT is None else "packed"
+    impl = attention_lib.resolve_attention(cfg, layout=layout)
     if impl == "dense":
         T = valid_BT.shape[1]
         mask_BTS = jnp.tril(jnp.ones((T, T), bool))[None] & valid_BT[:, None, :]
         if segment_ids_BT is not None:
-            mask_BTS &= segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
+            seg = segment_ids_BT
+            mask_BTS &= attention_lib.segment_visible(seg[:, :, None], seg[:, None, :])
         return lambda q, k, v: attention(q, k, v, mask_BTS, cfg)
     block = cfg.attention_block
     return lambda q, k, v: attention_lib.causal_attention(
@@ -400,8 +402,9 @@ def hidden_states(
         Defaults to all True.
       lora: adapters to apply in place of `params.lora` (None: `params.lora`'s, if any).
       segment_ids_BT: packed rows (no cache): several sequences share a row, each a run of one
-        segment id, and a token attends only to the earlier real tokens of its segment; RoPE
-        reads `positions_BT`, each sequence's own positions.
+        segment id, and a token attends only to the earlier real tokens of its segment, or of
+        its sequence's shared prefix (`attention.BRANCHES`); RoPE reads `positions_BT`, each
+        sequence's own positions.
     """
     B, T = tokens_BT.shape
     dt = jnp.dtype(cfg.dtype)

@@ -55,14 +55,19 @@ class RLConfig:
         groups whose rows have all ended. Tokens an older policy sampled are corrected by
         `loss.tis_cap`, which must be set; the think budget is refused.
       pack: the packed update (`rl.packing`): the step's rows packed by their real lengths
-        into rows of `pack_length` tokens, each a segment with its own positions, so that the
-        update's forwards and backward skip the padding; the numbers are the padded update's
-        to float noise. It runs the rollout and the update as two programs (the packing is
-        planned on the host between them), needs one minibatch, and compiles one update per
-        packed row count (a handful: `packing.row_buckets`). A step whose rows are too even
-        for packing to save token positions runs the padded update.
-      pack_length: tokens per packed row; 0: the padded row's length (prompt bucket plus
-        `max_new_tokens`), which holds any row.
+        into rows of `pack_length` tokens, each group's prompt once, so that the update's
+        forwards and backward skip the padding; the numbers are the padded update's to float
+        noise. It needs one minibatch, runs the rollout and the update as two programs (the
+        packing is planned on the host between them) and compiles one update per packed row
+        count its steps reach (`packing.row_buckets`). A step whose rows are too even for
+        packing to pay runs the padded update (`packing.worth_packing`). "auto" (the default):
+        packed where the step is already two programs (a host verifier, dynamic sampling,
+        partial rollouts, tools) with one minibatch; True also splits a fused step.
+      pack_length: tokens per packed row; 0: twice the padded row's length (prompt bucket plus
+        `max_new_tokens`), which packs long rows in pairs.
+      pack_microbatch_tokens: the token budget of one packed microbatch; the packed rows go to
+        the fewest microbatches within it. 0: the padded microbatch's (its rows times the
+        padded length; with `num_microbatches="auto"`, the count the memory search kept).
       advantage: the advantage estimator.
       loss: the policy objective.
       critic: PPO's value model (`rl.value`); needed by, and only by, the "gae" estimator.
@@ -87,8 +92,9 @@ class RLConfig:
     shared_prompt_forward: bool = True
     decode_slots: int | Literal["auto"] = "auto"
     partial_budget: int = 0
-    pack: bool = False
+    pack: bool | Literal["auto"] = "auto"
     pack_length: int = 0
+    pack_microbatch_tokens: int = 0
 
     def __post_init__(self):
         for name in ("group_size", "mu", "num_minibatches", "num_microbatches", "logprob_chunk"):
@@ -103,9 +109,13 @@ class RLConfig:
             raise ValueError(f'rl.decode_slots={self.decode_slots!r} must be >= 1 or "auto"')
         if self.partial_budget:
             self._check_partial()
-        if isinstance(self.pack_length, str) or self.pack_length < 0:
-            raise ValueError(f"rl.pack_length={self.pack_length!r} must be >= 0 (0: the row's)")
-        if self.pack and self.num_minibatches != 1:
+        for name in ("pack_length", "pack_microbatch_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, str) or value < 0:
+                raise ValueError(f"rl.{name}={value!r} must be >= 0 (0: the default)")
+        if self.pack not in (True, False, "auto"):
+            raise ValueError(f'rl.pack={self.pack!r} must be True, False or "auto"')
+        if self.pack is True and self.num_minibatches != 1:
             raise ValueError(
                 f"rl.pack=True with rl.num_minibatches={self.num_minibatches}: the packed update "
                 "takes one minibatch (minibatches shuffle rows after the packing is planned)"
@@ -141,6 +151,10 @@ class RLConfig:
                 "'expert_iteration': expert iteration is SFT on verified samples, set "
                 "rl.loss.policy_loss='reinforce'"
             )
+
+    def packs(self) -> bool:
+        """Whether a two-program step packs its update's rows (`pack`)."""
+        return self.pack is True or (self.pack == "auto" and self.num_minibatches == 1)
 
     def _check_partial(self) -> None:
         budget = self.partial_budget

@@ -146,16 +146,8 @@ def _packed_loss(
     if critic is None:
         return loss, metrics
     if critic.backbone is not None:
-        _, _, h_NTD = packing_lib.packed_logprobs(
-            critic.backbone,
-            seq.tokens_NS,
-            seq.positions_NS,
-            valid_NT,
-            packing,
-            m,
-            model_cfg,
-            rl.logprob_chunk,
-            rl.temperature,
+        h_NTD = packing_lib.packed_values_hidden(
+            critic.backbone, seq.tokens_NS, seq.positions_NS, valid_NT, packing, m, model_cfg
         )
     return _with_value_loss(loss, metrics, critic, h_NTD, mb, value_normalizer, rl)
 

@@ -338,6 +338,11 @@ RESOLVER_TABLE = [
     ("cudnn", "gpu", "bfloat16", 64, "causal", "cudnn"),
     ("cudnn", "gpu", "bfloat16", 64, "grouped", "xla_blockwise"),
     ("pallas", "tpu", "bfloat16", 64, "causal", "pallas"),
+    # Packed rows: cuDNN masks no segments, splash no shared-prompt branches.
+    ("auto", "gpu", "bfloat16", 64, "packed", "xla_blockwise"),
+    ("auto", "tpu", "bfloat16", 64, "packed", "xla_blockwise"),
+    ("pallas", "tpu", "bfloat16", 64, "packed", "pallas"),
+    ("dense", "tpu", "bfloat16", 64, "packed", "dense"),
 ]
 
 
@@ -367,8 +372,8 @@ def test_resolver_reads_the_dtype_and_backend_defaults():
     gpu = TINY.replace(dtype="bfloat16")
     assert attn.resolve_attention(gpu, "gpu") == "cudnn"
     assert attn.resolve_attention(gpu, "gpu", dtype=jnp.float32) == "xla_blockwise"
-    with pytest.raises(ValueError, match="layout='packed'"):
-        attn.resolve_attention(TINY, "cpu", layout="packed")
+    with pytest.raises(ValueError, match="layout='ragged'"):
+        attn.resolve_attention(TINY, "cpu", layout="ragged")
 
 
 def test_bad_attention_settings_are_named():

@@ -93,6 +93,30 @@ def test_packed_hidden_states_and_grads_equal_each_sequence_alone(params, impl):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=1e-5 * scale)
 
 
+@pytest.mark.parametrize("impl", ["dense", "xla_blockwise"])
+def test_branches_see_their_shared_prefix_and_themselves(params, impl):
+    # One packed row: prompt A, then two completions of A as branches 1 and 2, then prompt B
+    # with one completion (branch 0: a plain segment). Each completion's hidden states are
+    # those of its prompt and itself alone.
+    cfg = CFG.replace(attention=impl, attention_block=4)
+    rng = np.random.default_rng(5)
+    a, a1, a2, b, b1 = (rng.integers(1, CFG.vocab_size, n) for n in (3, 4, 2, 2, 3))
+    B = attn.BRANCHES
+    parts = [(a, 1 * B, 0), (a1, 1 * B + 1, 3), (a2, 1 * B + 2, 3), (b, 2 * B, 0), (b1, 2 * B, 2)]
+    tokens = np.concatenate([x for x, _, _ in parts])[None]
+    segments = np.concatenate([np.full(len(x), s) for x, s, _ in parts])[None]
+    positions = np.concatenate([first + np.arange(len(x)) for x, _, first in parts])[None]
+    h, _ = tf.hidden_states(
+        params, tokens, positions, cfg, mask_BT=segments > 0, segment_ids_BT=segments
+    )
+    starts = np.cumsum([0] + [len(x) for x, _, _ in parts])
+    for prompt, completion, k in ((a, a1, 1), (a, a2, 2), (b, b1, 4)):
+        whole = np.concatenate([prompt, completion])[None]
+        alone, _ = tf.hidden_states(params, whole, np.arange(whole.shape[1])[None], cfg)
+        got = np.asarray(h)[0, starts[k] : starts[k + 1]]
+        np.testing.assert_allclose(got, np.asarray(alone)[0, len(prompt) :], atol=1e-5)
+
+
 def _qkv(seed, B, T, H, K, Dh):
     rng = np.random.default_rng(seed)
     draw = lambda *shape: rng.standard_normal(shape, dtype=np.float32)  # noqa: E731

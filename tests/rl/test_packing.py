@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 
+from rlvr_jax.model import attention as attention_lib
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.model import transformer as tf
@@ -85,17 +86,57 @@ def test_the_plan_places_every_real_token_once_with_its_position():
         m = plan.micro_N[n]
         flat_src = plan.src_MRL[m].reshape(-1)
         for t in range(lengths[n]):
-            here = plan.pred_NT[n, t]
+            here = plan.at_MK[m, plan.pred_NT[n, t]]
             assert flat_src[here + 1] == n * (P + T) + P + t
             assert seq_tokens.reshape(-1)[flat_src[here + 1]] == rollout.tokens_NT[n, t]
+    # The unembedding's rows hold the completion tokens, not the prompts: fewer than R.
+    completion = np.asarray(rollout.mask_NT).sum()
+    assert plan.at_MK.shape == (M, plan.at_MK.shape[1]) and plan.at_MK.shape[1] % L == 0
+    assert completion <= M * plan.at_MK.shape[1] < M * R * L
     # Tokens per microbatch are balanced to within the longest row.
     per_micro = real.reshape(M, -1).sum(axis=1)
     assert per_micro.max() - per_micro.min() <= P + T
 
 
+def test_a_groups_prompt_is_packed_once_per_packed_row_its_completions_share():
+    rollout = _rollout()
+    prompt_lengths, mask = np.asarray(rollout.prompt_lengths_N), np.asarray(rollout.mask_NT)
+    lengths = mask.sum(axis=1)
+    for length in (P + T, 2 * (P + T)):
+        plan = packing_lib.plan(prompt_lengths, mask, P, length=length, group_size=G)
+        src, seg = plan.src_MRL.reshape(-1, length), plan.segment_MRL.reshape(-1, length)
+        real = seg > 0
+        is_prompt = (src % (P + T)) < P
+        # Every completion token once; each group's prompt once per packed row that holds
+        # completions of the group, so fewer prompt tokens than one per row.
+        completion = np.sort(src[real & ~is_prompt])
+        want = np.flatnonzero(np.concatenate([np.zeros((N, P), bool), mask], axis=1))
+        np.testing.assert_array_equal(completion, want)
+        group_of = src // (P + T) // G
+        for r in range(src.shape[0]):
+            groups = set(group_of[r][real[r] & ~is_prompt[r]].tolist())
+            prompts = [int(prompt_lengths[g * G]) for g in groups]
+            assert (real[r] & is_prompt[r]).sum() == sum(prompts)
+        assert (real & is_prompt).sum() < prompt_lengths[lengths > 0].sum()
+        # The prompt is branch 0 of its sequence; each completion its own branch, which sees
+        # the prompt and itself only.
+        branch = seg % attention_lib.BRANCHES
+        assert (branch[real & is_prompt] == 0).all()
+        for r in range(src.shape[0]):
+            for one in set(seg[r][real[r] & (branch[r] > 0)].tolist()):
+                assert len(set((src[r][seg[r] == one] // (P + T)).tolist())) == 1
+        q, k = seg[:, :, None], seg[:, None, :]
+        sees = np.asarray(attention_lib.segment_visible(q, k)) & real[:, None, :]
+        same_row_or_prompt = (src[:, :, None] // (P + T) == src[:, None, :] // (P + T)) | (
+            is_prompt[:, None, :] & (group_of[:, :, None] == group_of[:, None, :])
+        )
+        assert not (sees & real[:, :, None] & ~same_row_or_prompt).any()
+
+
 def test_row_counts_are_bucketed_and_bad_rows_named():
-    assert packing_lib.row_buckets(64, 2) == [2, 4, 6, 8, 12, 16, 24, 32, 48, 64]
     assert packing_lib.row_buckets(24, 8) == [8, 16, 24]
+    assert packing_lib.row_buckets(40, 2) == [*range(2, 34, 2), 36, 40]
+    assert packing_lib.row_buckets(100, 1)[-8:] == [56, 60, 64, 72, 80, 88, 96, 100]
     rollout = _rollout()
     plan = packing_lib.plan(np.asarray(rollout.prompt_lengths_N), np.asarray(rollout.mask_NT), P)
     assert plan.src_MRL.shape[1] in packing_lib.row_buckets(N, 1)
@@ -148,7 +189,8 @@ def _compare(rl, packing_kwargs=None, params=None, rtol=1e-5, atol=1e-5):
     sgd = optax.sgd(0.3)
     sched = optax.constant_schedule(0.3)
     update = ts.build_update(CFG, rl, sgd, sched)
-    plan = _plan(rollout, num_microbatches=rl.microbatch_count(), **(packing_kwargs or {}))
+    kwargs = dict(num_microbatches=rl.microbatch_count(), group_size=G) | (packing_kwargs or {})
+    plan = _plan(rollout, **kwargs)
     padded = update(_state(rl, params, sgd), rollout, rewards, parts)
     packed = update(_state(rl, params, sgd), rollout, rewards, parts, plan)
     (new_a, out_a), (new_b, out_b) = jax.device_get((padded, packed))
@@ -210,6 +252,36 @@ def test_packed_update_equals_padded_with_lora():
     _compare(rl, params=params)
 
 
+def test_packed_update_equals_padded_with_a_prompt_per_row():
+    # The layout splash attention can mask (plain segments) against the flat padded forward.
+    rl = ts.RLConfig(
+        group_size=G,
+        sampler=SAMPLER,
+        shared_prompt_forward=False,
+        loss=losses.LossConfig(kl_beta=0.05),
+        critic=value_lib.CriticConfig(kind="head"),
+        advantage=adv_lib.AdvantageConfig(estimator="gae"),
+        num_microbatches=2,
+    )
+    _compare(rl, packing_kwargs=dict(group_size=1))
+
+
+def test_packed_microbatches_follow_the_token_budget():
+    rollout = _rollout(1)
+    lengths = (np.asarray(rollout.prompt_lengths_N), np.asarray(rollout.mask_NT), P)
+    # The default budget is the padded microbatch's: N / 2 rows of P + T tokens.
+    default = packing_lib.plan(*lengths, num_microbatches=2, group_size=G)
+    M, R, L = default.src_MRL.shape
+    assert L == 2 * (P + T) and R * L <= N // 2 * (P + T)
+    # A budget of one packed row: as many microbatches as packed rows, one row each.
+    one_row = packing_lib.plan(*lengths, group_size=G, microbatch_tokens=2 * (P + T))
+    assert one_row.src_MRL.shape[1] == 1 and one_row.src_MRL.shape[0] >= M
+    with pytest.raises(ValueError, match="a microbatch of 10 tokens holds no 1 packed rows"):
+        packing_lib.plan(*lengths, group_size=G, microbatch_tokens=10)
+    rl = ts.RLConfig(group_size=G, sampler=SAMPLER, loss=losses.LossConfig(entropy_coef=0.01))
+    _compare(rl, packing_kwargs=dict(microbatch_tokens=2 * (P + T)))
+
+
 def test_the_packed_update_compiles_once_per_row_bucket():
     rl = ts.RLConfig(group_size=G, sampler=SAMPLER)
     sgd = optax.sgd(0.3)
@@ -219,7 +291,10 @@ def test_the_packed_update_compiles_once_per_row_bucket():
     buckets = set()
     for i in range(20):
         rollout = _rollout(100 + i)
-        plan = _plan(rollout, length=P + T)
-        buckets.add(plan.src_MRL.shape[1])
+        plan = _plan(rollout, length=P + T, group_size=G)
+        # (packed rows, rows of predicting positions): both from the same buckets.
+        buckets.add((plan.src_MRL.shape[1], plan.at_MK.shape[1] // (P + T)))
         state, _ = update(state, rollout, rewards, {"correct": rewards}, plan)
-    assert update._cache_size() == len(buckets) <= len(packing_lib.row_buckets(N, 1))
+    sizes = packing_lib.row_buckets(N, 1)
+    assert all(k <= r and r in sizes and k in sizes for r, k in buckets)
+    assert update._cache_size() == len(buckets) <= 2 * len(sizes)

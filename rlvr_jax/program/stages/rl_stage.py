@@ -48,6 +48,7 @@ from rlvr_jax.envs.task import (
     jax_reward_fn,
 )
 from rlvr_jax.model import sharding
+from rlvr_jax.model.attention import resolve_attention
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.program.evals.evaluation import heldout_evaluator
 from rlvr_jax.program.parts import build, learned_rewards
@@ -89,7 +90,7 @@ def fused_step(s: Settings, task: Task) -> bool:
         task.jax_parts is not None
         and not s.data.dynamic_sampling
         and not s.rl.partial_budget
-        and not s.rl.pack  # the packing is planned on the host between rollout and update
+        and s.rl.pack is not True  # the packing is planned on the host between the two
     )
 
 
@@ -202,7 +203,7 @@ def build_rl_step(
 
     def update(state, rollout, rewards, parts):
         with timer.stage("update"):
-            packing = _packing(s, rollout, plan) if s.rl.pack else None
+            packing = _packing(s, model_cfg, rollout, plan) if s.rl.packs() else None
             state, out = update_fn(state, rollout, rewards, parts, packing)
             return state, jax.device_get(out)
 
@@ -309,12 +310,21 @@ def _dynamic_batch(
 
 
 def _packing(
-    s: Settings, rollout: Any, plan: sharding_plan.StepShardings
+    s: Settings, model_cfg: ModelConfig, rollout: Any, plan: sharding_plan.StepShardings
 ) -> packing_lib.Packing | None:
     """The packed layout of a rollout's rows (`rl.pack`), each microbatch's packed row count
     a multiple of the mesh's row shards; None (the padded update) where packing would not save
-    token positions (rows of nearly equal lengths)."""
+    enough token positions to be faster (`packing.worth_packing`: rows of nearly equal
+    lengths)."""
     prompt_lengths_N, mask_NT = jax.device_get((rollout.prompt_lengths_N, rollout.mask_NT))
+    # Each group's prompt once, as the padded update's shared-prompt forward, except under
+    # splash attention, which masks plain segments only.
+    shared = s.rl.group_size if s.rl.shared_prompt_forward else 1
+    impl = resolve_attention(model_cfg, layout="packed")
+    if impl == "pallas":
+        shared = 1
+    elif impl == "cudnn" and s.rl.pack == "auto":
+        return None  # cuDNN cannot mask segments (`rl.pack=True` says so)
     axes = plan.rows.spec[0] if len(plan.rows.spec) else None
     axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
     row_shards = math.prod(plan.mesh.shape[a] for a in axes)
@@ -325,9 +335,12 @@ def _packing(
         length=s.rl.pack_length,
         num_microbatches=s.rl.microbatch_count(),
         row_multiple=row_shards,
+        group_size=shared,
+        microbatch_tokens=s.rl.pack_microbatch_tokens,
     )
-    N, S = mask_NT.shape[0], rollout.prompt_NP.shape[1] + mask_NT.shape[1]
-    return packing if packing.src_MRL.size < N * S else None
+    (N, T), P = mask_NT.shape, rollout.prompt_NP.shape[1]
+    padded = packing_lib.padded_positions(N, P, T, shared)
+    return packing if packing_lib.worth_packing(packing, padded) else None
 
 
 def _host_ahead(s: Settings, task: Task) -> bool:
@@ -418,7 +431,7 @@ def _precompile_host(
         for batch in batches():
             args = _update_args(rollout_program, state.params, batch, key, task, s, plan)
             jobs.append(lambda b=batch: rollout_program.lower(state.params, b, key).compile())
-            if not s.rl.pack:  # a packed update's shape is known only from its rollout
+            if not s.rl.packs():  # a packed update's shape is known only from its rollout
                 jobs.append(lambda a=args: update_fn.lower(state, *a).compile())
         with concurrent.futures.ThreadPoolExecutor(len(jobs), "compile") as pool:
             for job in [pool.submit(job) for job in jobs]:
