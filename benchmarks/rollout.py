@@ -2,6 +2,7 @@
 
     python benchmarks/rollout.py            # N=256 tiny rows, SmolLM2 at 32 rows, 3 runs each
     python benchmarks/rollout.py --quick    # N=128 tiny rows, SmolLM2 at 16 rows, 2 runs each
+    python benchmarks/rollout.py --workloads gsm8k --gsm8k-rows 128 --repeats 1
 
 Both sides run in this process on the same rows and the same key: `generate` (every row
 decodes until the longest ends) and `generate_continuous` with fewer decode slots than
@@ -10,11 +11,8 @@ script asserts. Each cell is the median wall time of a few runs after compilatio
 alternating, prefill included; caches are reused (donated) on both sides.
 
 (a) Tiny random model (the "tiny" preset's shape and layers) with forced, long-tailed lengths:
-each row's answer length is drawn from a lognormal and forced by the model itself. Its
-embeddings are scaled up so the residual stream points along the current token's embedding, and
-its (untied) LM head maps chain token c_k to c_{k-1} and c_1 to an end id with ~100 nats of
-margin; a row whose prompt ends with c_L then samples c_{L-1} ... c_1, end: exactly L tokens,
-whatever the temperature. The layers still run at full cost.
+each row's answer length is drawn from a lognormal and forced by the model itself
+(`workloads.forced_length_model`); the layers still run at full cost.
 
 (b) SmolLM2-135M-Instruct (the embedded GGUF weights) on real prompts of mixed difficulty: three
 one-line arithmetic questions (short answers) to one GSM8K question from ../shared/data (long
@@ -31,7 +29,6 @@ token plus each decode step; the static sampler's is sum(lengths) / (N x max(len
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -44,43 +41,15 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from workloads import forced_length_model, forcing_prompts
 
-from rlvr_jax.model import transformer  # noqa: E402
-from rlvr_jax.model.config import PRESETS, ModelConfig  # noqa: E402
+from rlvr_jax.model.config import PRESETS  # noqa: E402
 from rlvr_jax.sampling.config import SamplerConfig, sampling_params
 from rlvr_jax.sampling.continuous import generate_continuous, static_stats, summarize
 from rlvr_jax.sampling.host import bucket_and_pad
 from rlvr_jax.sampling.loop import generate, init_decode_cache
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
-
-
-def forced_length_model(T: int, seed: int = 0) -> tuple[transformer.Params, ModelConfig, int]:
-    """The tiny preset with an embedding and LM head that force chain c_T ... c_1 -> end.
-
-    Returns:
-      (params, cfg, end id); chain token c_k is id k for k in [1, T].
-    """
-    cfg = dataclasses.replace(PRESETS["tiny"], tie_embeddings=False)
-    V, D = cfg.vocab_size, cfg.embed_dim
-    end = T + 1
-    assert end < V, f"T={T} needs a vocabulary over {T + 1}"
-    params = transformer.init_params(jax.random.key(seed), cfg)
-    rng = np.random.default_rng(seed)
-    unit_VD = rng.normal(size=(V, D))
-    unit_VD /= np.linalg.norm(unit_VD, axis=1, keepdims=True)
-    # Layer outputs are O(0.1) at init; an embedding of norm 10 dominates the final norm's input.
-    embed = 10.0 * unit_VD
-    head_DV = np.zeros((D, V))
-    successor = {k: k - 1 for k in range(2, T + 1)} | {1: end}
-    for a, b in successor.items():
-        # rms_norm(h) ~ sqrt(D) * unit[a], so the logit of b after a is 300 and any other
-        # successor's is 300 * cos(a, a') (< 0.7 for random directions in 64 dimensions).
-        head_DV[:, b] = 300.0 * unit_VD[a] / np.sqrt(D)
-    params = dataclasses.replace(
-        params, embed=jax.numpy.asarray(embed, np.float32), lm_head=jax.numpy.asarray(head_DV)
-    )
-    return params, cfg, end
 
 
 def tiny_rows(N: int, T: int, P: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -91,11 +60,7 @@ def tiny_rows(N: int, T: int, P: int, seed: int) -> tuple[np.ndarray, np.ndarray
     """
     rng = np.random.default_rng(seed)
     want = np.clip(np.round(rng.lognormal(np.log(24), 1.0, N)), 1, T).astype(np.int32)
-    prompts = []
-    for n in range(N):
-        body = rng.integers(T + 2, 512, size=rng.integers(1, P)).tolist()
-        prompts.append([*body, int(want[n])])
-    prompt, lengths = bucket_and_pad(prompts, (P,), pad_id=0)
+    prompt, lengths = forcing_prompts(want, T, P, 512, rng)
     return prompt, lengths, want
 
 
@@ -230,7 +195,7 @@ def compare(name, params, cfg, scfg, prompt, lengths, sp, slots, repeats, forced
 
 def tiny_workload(N: int, T: int, slots: tuple[int, ...], repeats: int) -> list:
     """(a): the forced-length tiny model, plain sampling at temperature 1."""
-    params, cfg, end = forced_length_model(T)
+    params, cfg, end = forced_length_model(PRESETS["tiny"], T)
     prompt, lengths, forced = tiny_rows(N, T, 32, seed=0)
     scfg = SamplerConfig(max_new_tokens=T, eos_ids=(end,))
     sp = sampling_params(N)
@@ -247,11 +212,47 @@ def smollm_workload(N: int, T: int, slots: tuple[int, ...], repeats: int) -> lis
     return compare(name, params, cfg, scfg, prompt, lengths, sp, slots, repeats)
 
 
+def gsm8k_workload(N: int, T: int, slots: tuple[int, ...], repeats: int, G: int = 8) -> list:
+    """(c): SmolLM2-135M on GSM8K questions asked step by step, G samples each (an RL step's
+    rows), temperature 1; needs ../shared/data."""
+    from rlvr_jax.data.tokenizer import Tokenizer
+    from rlvr_jax.model import gguf
+
+    if not GSM8K.is_file():
+        raise SystemExit(f"the gsm8k workload needs {GSM8K}")
+    path = gguf.embedded_model_path()
+    params, cfg = gguf.load_gguf(path)
+    tok = Tokenizer.from_gguf(path)
+    with open(GSM8K) as f:
+        questions = [
+            json.loads(line)["question"] for _, line in zip(range(N // G), f, strict=False)
+        ]
+    ids = [
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "user", "content": f"{q}\nSolve it step by step, then give the answer."}],
+                add_generation_prompt=True,
+            )
+        )
+        for q in questions
+        for _ in range(G)
+    ]
+    P = -(-max(map(len, ids)) // 32) * 32
+    prompt, lengths = bucket_and_pad(ids, (P,), pad_id=tok.pad_id)
+    scfg = SamplerConfig(max_new_tokens=T, eos_ids=tok.eos_ids, pad_id=0)
+    sp = sampling_params(N, temperature=1.0)
+    name = f"SmolLM2-135M, GSM8K step by step, {N // G} x {G}"
+    return compare(name, params, cfg, scfg, prompt, lengths, sp, slots, repeats)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller batches, 2 runs")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--workloads", default="tiny,smollm2", help="comma-separated")
+    parser.add_argument("--workloads", default="tiny,smollm2", help="tiny, smollm2, gsm8k")
+    parser.add_argument("--gsm8k-rows", type=int, default=128)
+    parser.add_argument("--gsm8k-tokens", type=int, default=256)
+    parser.add_argument("--gsm8k-slots", default="32,64", help="comma-separated slot counts")
     args = parser.parse_args()
     if args.quick:
         args.repeats = 2
@@ -265,6 +266,9 @@ def main() -> None:
         rows += tiny_workload(tiny_N, tiny_T, tiny_slots, args.repeats)
     if "smollm2" in workloads:
         rows += smollm_workload(smol_N, smol_T, smol_slots, args.repeats)
+    if "gsm8k" in workloads:
+        slots = tuple(int(m) for m in args.gsm8k_slots.split(","))
+        rows += gsm8k_workload(args.gsm8k_rows, args.gsm8k_tokens, slots, args.repeats)
     print(f"\nmedian of {args.repeats} runs after compilation\n")
     print(
         "| workload | sampler | slots | wall s | decode steps | slot util | static/this wall "

@@ -1,113 +1,170 @@
-"""The padded update against the packed update (`rl.pack`) on long-tailed answer lengths.
+"""The plain RL step against the efficient one, on long-tailed answer lengths.
 
-Command (CPU):
+    python benchmarks/step_efficiency.py                          # imbalance 1, 2, 4, 8
+    python benchmarks/step_efficiency.py --imbalance 4 --runs 5
 
-    PYTHONPATH=. python benchmarks/step_efficiency.py                  # imbalance 1, 2, 4, 8
-    PYTHONPATH=. python benchmarks/step_efficiency.py --imbalance 4 --runs 3
+Both sides run in this process on the same prompts, key, weights and rewards:
+- plain: the static sampler (every row decodes until the longest ends), then the padded update
+  (each group's prompt once, `rl.shared_prompt_forward`);
+- efficient: continuous batching in `--slots` decode slots (`sampling.continuous`), then the
+  packed update (`rl.pack`), or the padded one where packing would not pay
+  (`packing.worth_packing`, the RL stage's rule).
 
-One process, both sides on the same rollout, weights and rewards: a random model (`--layers`,
-`--dim`, vocabulary 512), B x G rows of a P-token prompt and at most T generated tokens whose
-lengths are lognormal with the given imbalance (max / mean of the lengths, as a step of a
-reasoning run has). For each side: the update's compiled FLOPs (XLA's cost analysis) against
-the FLOPs its real tokens need (the padded update's FLOPs times real tokens over padded
-positions), and the median wall time of `--runs` updates after one warm-up, each waited for.
-The last column is the packed update's time over the padded one's. Times are noisy on a shared
-machine: read the ratios.
+The model has random layers (`--layers`, `--dim`, vocabulary 512) and forced answer lengths
+(`workloads.forced_length_model`), lognormal with the given imbalance (max / mean of the lengths,
+as in a step of a reasoning run); the two rollouts are asserted identical. The update reads each
+group's prompt as its first row's (a forced length needs a prompt per row); a row is correct
+with probability 0.3 (a fixed draw), so some groups are all wrong.
+
+Columns: each update's FLOPs and those its real tokens need (each group's prompt once, every
+completion token), counted from the layouts by `workloads.update_flops` (XLA's cost analysis
+counts a loop body once, and the layers, the microbatches and the attention blocks are loops);
+"eff / real", the efficient update's over the real need; the median wall seconds of rollout,
+update (the host's packing plan included) and step over `--runs` after a warm-up; the useful
+trajectories per hour of step time (rows of groups whose rewards differ,
+`rl.outputs.useful_rows`), the same rows on both sides; and plain / efficient step time. Times
+are noisy on a shared machine: read the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from rlvr_jax.model import config as config_lib
-from rlvr_jax.model import transformer as tf
-from rlvr_jax.rl import packing as packing_lib
-from rlvr_jax.rl import state as state_lib
-from rlvr_jax.rl import train_step as ts
-from rlvr_jax.sampling.config import SamplerConfig
-from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, Rollout
+import dataclasses  # noqa: E402
 
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from workloads import (  # noqa: E402
+    forced_length_model,
+    forcing_prompts,
+    layout_flops,
+    lognormal_lengths,
+)
 
-def lognormal_lengths(n: int, T: int, imbalance: float, rng: np.random.Generator) -> np.ndarray:
-    """n lengths in [1, T] whose max is T and whose mean is about T / imbalance."""
-    if imbalance <= 1:
-        return np.full(n, T)
-    sigma = 0.3
-    for _ in range(60):  # widen the spread until max / mean reaches the imbalance
-        x = rng.lognormal(0.0, sigma, n)
-        lengths = np.maximum(1, np.round(x / x.max() * T)).astype(int)
-        if T / lengths.mean() >= imbalance:
-            return lengths
-        sigma *= 1.1
-    return lengths
+from rlvr_jax.model.config import PRESETS  # noqa: E402
+from rlvr_jax.rl import packing as packing_lib  # noqa: E402
+from rlvr_jax.rl import state as state_lib  # noqa: E402
+from rlvr_jax.rl import train_step as ts  # noqa: E402
+from rlvr_jax.rl.outputs import useful_rows  # noqa: E402
+from rlvr_jax.sampling.config import SamplerConfig, sampling_params  # noqa: E402
+from rlvr_jax.sampling.continuous import generate_continuous  # noqa: E402
+from rlvr_jax.sampling.loop import generate, init_decode_cache  # noqa: E402
 
 
-def make_rollout(B: int, G: int, P: int, T: int, imbalance: float, seed: int) -> Rollout:
-    rng = np.random.default_rng(seed)
-    N = B * G
-    lengths = lognormal_lengths(N, T, imbalance, rng)
-    mask = np.arange(T)[None, :] < lengths[:, None]
-    return Rollout(
-        prompt_NP=jnp.asarray(np.repeat(rng.integers(1, 512, (B, P)), G, axis=0), jnp.int32),
-        prompt_lengths_N=jnp.full((N,), P, jnp.int32),
-        tokens_NT=jnp.asarray(np.where(mask, rng.integers(1, 512, (N, T)), 0), jnp.int32),
-        logp_NT=jnp.asarray(np.where(mask, -1.0, 0.0), jnp.float32),
-        mask_NT=jnp.asarray(mask),
-        injected_NT=jnp.zeros((N, T), bool),
-        lengths_N=jnp.asarray(lengths, jnp.int32),
-        finish_N=jnp.asarray(np.where(lengths == T, FINISH_LENGTH, FINISH_EOS), jnp.int32),
-    )
+def _rollout_side(params, cfg, scfg, prompt, lengths, slots: int | None):
+    """run() -> (seconds, rollout) of the static sampler (slots None) or continuous batching."""
+    N, P = prompt.shape
+    cache = {"c": init_decode_cache(cfg, scfg, N if slots is None else slots, P)}
+    sp, key = sampling_params(N), jax.random.key(0)
+
+    def run():
+        start = time.perf_counter()
+        if slots is None:
+            r, cache["c"] = generate(
+                params, prompt, lengths, key, sp, cache["c"], model_cfg=cfg, cfg=scfg
+            )
+        else:
+            r, _, cache["c"] = generate_continuous(
+                params, prompt, lengths, key, sp, cache["c"], model_cfg=cfg, cfg=scfg,
+                num_slots=slots,
+            )  # fmt: skip
+        jax.block_until_ready(r)
+        return time.perf_counter() - start, r
+
+    return run
+
+
+def _grouped(rollout, G: int):
+    """`rollout` with each group's rows reading its first row's prompt."""
+    first = lambda x: jnp.repeat(x[::G], G, axis=0)  # noqa: E731
+    prompt, lengths = first(rollout.prompt_NP), first(rollout.prompt_lengths_N)
+    return dataclasses.replace(rollout, prompt_NP=prompt, prompt_lengths_N=lengths)
 
 
 def measure(args, imbalance: float) -> dict:
-    cfg = config_lib.PRESETS["tiny"].replace(
+    B, G, P, T = args.prompts, args.group, args.prompt_len, args.max_new_tokens
+    N = B * G
+    base = PRESETS["tiny"].replace(
         num_layers=args.layers,
         embed_dim=args.dim,
         mlp_dim=4 * args.dim,
         attention="xla_blockwise",
         attention_block=128,
     )
-    B, G, P, T = args.prompts, args.group, args.prompt_len, args.max_new_tokens
-    sampler = SamplerConfig(max_new_tokens=T, eos_ids=(1,), pad_id=0)
-    rl = ts.RLConfig(group_size=G, sampler=sampler, num_microbatches=args.microbatches)
+    params, cfg, end = forced_length_model(base, T)
+    rng = np.random.default_rng(int(imbalance * 10))
+    want = lognormal_lengths(N, T, imbalance, rng)
+    prompt, prompt_lengths = forcing_prompts(want, T, P, cfg.vocab_size, rng)
+    scfg = SamplerConfig(max_new_tokens=T, eos_ids=(end,), pad_id=0)
+    rollouts = {
+        "plain": _rollout_side(params, cfg, scfg, prompt, prompt_lengths, None),
+        "efficient": _rollout_side(params, cfg, scfg, prompt, prompt_lengths, args.slots),
+    }
+    rl = ts.RLConfig(group_size=G, sampler=scfg, num_microbatches=args.microbatches)
     sgd = optax.sgd(1e-3)
     update = ts.build_update(cfg, rl, sgd, optax.constant_schedule(1e-3))
-    params = tf.init_params(jax.random.key(0), cfg)
-    rollout = make_rollout(B, G, P, T, imbalance, seed=int(imbalance * 10))
-    rewards = (np.arange(B * G) % 3 == 0).astype(np.float32)
-    parts = {"correct": rewards}
-    plan = packing_lib.plan(
-        np.asarray(rollout.prompt_lengths_N),
-        np.asarray(rollout.mask_NT),
-        P,
-        num_microbatches=args.microbatches,
+    fresh = lambda: state_lib.init_train_state(  # noqa: E731
+        jax.tree.map(jnp.copy, params), sgd, jax.random.key(1), False
     )
-    plan = jax.tree.map(jnp.asarray, plan)
-    real = P * B * G + int(np.asarray(rollout.lengths_N).sum())
-    out = {"imbalance": T / float(np.mean(np.asarray(rollout.lengths_N))), "real": real}
-    for name, packing in (("padded", None), ("packed", plan)):
-        state = state_lib.init_train_state(params, sgd, jax.random.key(1), False)
-        compiled = update.lower(state, rollout, rewards, parts, packing).compile()
-        flops = compiled.cost_analysis()
-        flops = flops[0] if isinstance(flops, list) else flops
-        times = []
-        for i in range(args.runs + 1):
-            state = state_lib.init_train_state(
-                jax.tree.map(jnp.copy, params), sgd, jax.random.key(1), False
-            )
+    _, ref = rollouts["plain"]()
+    _, other = rollouts["efficient"]()
+    np.testing.assert_array_equal(np.asarray(ref.lengths_N), want, err_msg="lengths not forced")
+    np.testing.assert_array_equal(np.asarray(other.tokens_NT), np.asarray(ref.tokens_NT))
+    lengths = np.asarray(ref.lengths_N)
+    rewards = (np.random.default_rng(1).random(N) < 0.3).astype(np.float32)
+    parts = {"correct": rewards}
+    padded = packing_lib.padded_positions(N, P, T, G)
+
+    def plan(rollout):
+        packing = packing_lib.plan(
+            np.asarray(rollout.prompt_lengths_N),
+            np.asarray(rollout.mask_NT),
+            P,
+            length=args.pack_length,
+            num_microbatches=args.microbatches,
+            group_size=G,
+        )
+        return packing if packing_lib.worth_packing(packing, padded) else None
+
+    first = plan(_grouped(other, G))
+    compiled = {
+        side: update.lower(fresh(), _grouped(r, G), rewards, parts, packing).compile()
+        for side, r, packing in (("plain", ref, None), ("efficient", other, first))
+    }
+    times = {side: {"rollout": [], "update": []} for side in compiled}
+    for i in range(args.runs + 1):
+        for side in compiled:
+            seconds, r = rollouts[side]()
+            rollout, state = _grouped(r, G), fresh()
             start = time.perf_counter()
-            jax.block_until_ready(compiled(state, rollout, rewards, parts, packing))
+            packing = None if side == "plain" else plan(rollout)
+            jax.block_until_ready(compiled[side](state, rollout, rewards, parts, packing))
             if i:
-                times.append(time.perf_counter() - start)
-        out[name] = (float(flops.get("flops", 0.0)), statistics.median(times))
-    out["positions"] = {"padded": B * G * (P + T), "packed": int(np.prod(plan.src_MRL.shape))}
+                times[side]["rollout"].append(seconds)
+                times[side]["update"].append(time.perf_counter() - start)
+    out = {"imbalance": T / float(lengths.mean()), "useful": float(useful_rows(rewards, G))}
+    p_B = np.asarray(_grouped(other, G).prompt_lengths_N)[::G]
+    flops = layout_flops(cfg, p_B, lengths, P, T, first)
+    out["real"] = flops["real"]
+    out["positions"] = (padded, padded if first is None else int(first.src_MRL.size))
+    for side in compiled:
+        r_s, u_s = (statistics.median(times[side][k]) for k in ("rollout", "update"))
+        step = statistics.median(
+            a + b for a, b in zip(times[side]["rollout"], times[side]["update"], strict=True)
+        )
+        used = "padded" if side == "plain" or first is None else "packed"
+        out[side] = {"flops": flops[used], "rollout": r_s, "update": u_s}
+        out[side]["step"] = step
     return out
 
 
@@ -117,36 +174,40 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=32)
-    p.add_argument("--max-new-tokens", type=int, default=512)
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--pack-length", type=int, default=0, help="rl.pack_length (0: P + T)")
+    p.add_argument("--slots", type=int, default=16, help="decode slots of continuous batching")
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
-        f"{jax.devices()[0].platform}, {jax.device_count()} devices; B={args.prompts} "
-        f"G={args.group} P={args.prompt_len} T={args.max_new_tokens}, {args.layers} layers of "
-        f"{args.dim}, {args.microbatches} microbatches, median of {args.runs}"
+        f"{jax.devices()[0].platform}, {os.cpu_count()} CPUs, load average {load}; "
+        f"B={args.prompts} G={args.group} P={args.prompt_len} T={args.max_new_tokens}, "
+        f"{args.layers} layers of {args.dim}, {args.microbatches} microbatches, {args.slots} "
+        f"slots, median of {args.runs}\n"
     )
-    head = (
-        "imbalance",
-        "positions pad/pack",
-        "GFLOP pad",
-        "GFLOP pack",
-        "pack/real",
-        "s pad",
-        "s pack",
-        "pack/pad time",
+    print(
+        "| imbalance | positions plain / efficient | GFLOP plain / efficient / real | eff / real "
+        "| rollout s plain / eff | update s plain / eff | step s plain / eff "
+        "| useful / h plain / eff | plain / efficient step |"
     )
-    print(" | ".join(head))
+    print("|---:|---|---|---:|---|---|---|---|---:|")
     for imbalance in (float(x) for x in args.imbalance.split(",")):
         r = measure(args, imbalance)
-        (f_pad, t_pad), (f_pack, t_pack) = r["padded"], r["packed"]
-        need = f_pad * r["real"] / r["positions"]["padded"]
+        a, b = r["plain"], r["efficient"]
+        need = r["real"]
+        per_hour = lambda side: 3600 * r["useful"] / side["step"]  # noqa: E731
         print(
-            f"{r['imbalance']:9.2f} | {r['positions']['padded']:>8}/{r['positions']['packed']:<8} "
-            f"| {f_pad / 1e9:9.1f} | {f_pack / 1e9:10.1f} | {f_pack / need:9.2f} | {t_pad:5.2f} | "
-            f"{t_pack:6.2f} | {t_pack / t_pad:13.2f}"
+            f"| {r['imbalance']:.2f} | {r['positions'][0]} / {r['positions'][1]} "
+            f"| {a['flops'] / 1e9:.1f} / {b['flops'] / 1e9:.1f} / {need / 1e9:.1f} "
+            f"| {b['flops'] / need:.2f} "
+            f"| {a['rollout']:.2f} / {b['rollout']:.2f} | {a['update']:.2f} / {b['update']:.2f} "
+            f"| {a['step']:.2f} / {b['step']:.2f} | {per_hour(a):.0f} / {per_hour(b):.0f} "
+            f"| {a['step'] / b['step']:.2f}x |",
+            flush=True,
         )
 
 

@@ -1,0 +1,116 @@
+"""What the benchmarks share: a random model whose answer lengths are forced, and the FLOPs
+of an update counted from its layout.
+
+Not a benchmark itself; `rollout.py` and `step_efficiency.py` import it (they run as scripts, so
+this directory is on their path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from rlvr_jax.model import transformer
+from rlvr_jax.model.config import ModelConfig
+from rlvr_jax.sampling.host import bucket_and_pad
+
+
+def forced_length_model(
+    cfg: ModelConfig, T: int, seed: int = 0
+) -> tuple[transformer.Params, ModelConfig, int]:
+    """`cfg`'s random layers with an embedding and LM head that force chain c_T ... c_1 -> end.
+
+    The embeddings are scaled up so the residual stream points along the current token's
+    embedding, and the (untied) LM head maps chain token c_k to c_{k-1} and c_1 to an end id
+    with ~100 nats of margin: a row whose prompt ends with c_L then samples c_{L-1} ... c_1,
+    end, exactly L tokens whatever the temperature. The layers still run at full cost.
+
+    Returns:
+      (params, cfg, end id); chain token c_k is id k for k in [1, T].
+    """
+    cfg = dataclasses.replace(cfg, tie_embeddings=False)
+    V, D = cfg.vocab_size, cfg.embed_dim
+    end = T + 1
+    if end >= V:
+        raise ValueError(f"T={T} needs a vocabulary over {T + 1}, not {V}")
+    params = transformer.init_params(jax.random.key(seed), cfg)
+    rng = np.random.default_rng(seed)
+    unit_VD = rng.normal(size=(V, D))
+    unit_VD /= np.linalg.norm(unit_VD, axis=1, keepdims=True)
+    # Layer outputs are O(0.1) at init; an embedding of norm 10 dominates the final norm's input.
+    embed = 10.0 * unit_VD
+    head_DV = np.zeros((D, V))
+    successor = {k: k - 1 for k in range(2, T + 1)} | {1: end}
+    for a, b in successor.items():
+        # rms_norm(h) ~ sqrt(D) * unit[a], so the logit of b after a is 300 and any other
+        # successor's is 300 * cos(a, a') (< 0.7 for random directions in 64 dimensions).
+        head_DV[:, b] = 300.0 * unit_VD[a] / np.sqrt(D)
+    params = dataclasses.replace(
+        params, embed=jax.numpy.asarray(embed, np.float32), lm_head=jax.numpy.asarray(head_DV)
+    )
+    return params, cfg, end
+
+
+def forcing_prompts(
+    want_N: np.ndarray, T: int, P: int, vocab: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Random prompts (left-padded to P) whose last token forces each row's answer length.
+
+    Returns:
+      (prompt_NP, prompt_lengths_N).
+    """
+    prompts = []
+    for want in want_N:
+        body = rng.integers(T + 2, vocab, size=rng.integers(1, P)).tolist()
+        prompts.append([*body, int(want)])
+    return bucket_and_pad(prompts, (P,), pad_id=0)
+
+
+def lognormal_lengths(n: int, T: int, imbalance: float, rng: np.random.Generator) -> np.ndarray:
+    """n lengths in [1, T] whose max is T and whose mean is about T / imbalance."""
+    if imbalance <= 1:
+        return np.full(n, T)
+    sigma = 0.3
+    for _ in range(60):  # widen the spread until max / mean reaches the imbalance
+        x = rng.lognormal(0.0, sigma, n)
+        lengths = np.maximum(1, np.round(x / x.max() * T)).astype(int)
+        if T / lengths.mean() >= imbalance:
+            return lengths
+        sigma *= 1.1
+    return lengths
+
+
+def update_flops(cfg, positions: float, predicting: float, pairs: float) -> float:
+    """Forward and backward (3 x forward) FLOPs of the policy's pass over `positions` token
+    positions, the unembedding at `predicting` of them, and attention over `pairs` (query,
+    key) pairs (what blockwise attention computes: every causal pair of a packed row, its
+    other segments' included)."""
+    D, H, K, Dh, F = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim
+    per_position = 2 * D * (H + 2 * K) * Dh + 2 * H * Dh * D + 6 * D * F
+    per_pair = 4 * H * Dh  # q.k and p.v
+    layers = cfg.num_layers * (per_position * positions + per_pair * pairs)
+    return 3 * (layers + 2 * D * cfg.vocab_size * predicting)
+
+
+def layout_flops(cfg, p_B: np.ndarray, c_N: np.ndarray, P: int, T: int, packing) -> dict:
+    """`update_flops` of the padded update (shared prompt), of `packing`, and of the real need."""
+    G = len(c_N) // len(p_B)
+    p_N = np.repeat(p_B, G)
+    tri = lambda n: n * (n + 1) / 2  # noqa: E731
+    out = {
+        "padded": update_flops(
+            cfg,
+            len(p_B) * P + len(c_N) * T,
+            len(c_N) * T,
+            len(p_B) * tri(P) + len(c_N) * (T * P + tri(T)),
+        ),
+        "real": update_flops(
+            cfg, p_B.sum() + c_N.sum(), c_N.sum(), tri(p_B).sum() + (c_N * p_N + tri(c_N)).sum()
+        ),
+    }
+    if packing is not None:
+        M, R, L = packing.src_MRL.shape
+        out["packed"] = update_flops(cfg, M * R * L, packing.at_MK.size, M * R * tri(L))
+    return out
