@@ -212,7 +212,9 @@ def updates(params, cfg, rollout, G: int, runs: int) -> dict:
         np.asarray(rollout.prompt_lengths_N), np.asarray(rollout.mask_NT), P, group_size=G
     )
     p_B = np.asarray(rollout.prompt_lengths_N)[::G]
-    flops = layout_flops(cfg, p_B, np.asarray(rollout.lengths_N), P, T, packing)
+    flops = layout_flops(
+        cfg, p_B, np.asarray(rollout.lengths_N), P, T, packing, block=cfg.attention_block
+    )
     out = {}
     for side, plan in (("padded", None), ("packed", packing)):
         compiled = update.lower(fresh(), rollout, rewards, parts, plan).compile()

@@ -154,7 +154,7 @@ def measure(args, imbalance: float) -> dict:
                 times[side]["update"].append(time.perf_counter() - start)
     out = {"imbalance": T / float(lengths.mean()), "useful": float(useful_rows(rewards, G))}
     p_B = np.asarray(_grouped(other, G).prompt_lengths_N)[::G]
-    flops = layout_flops(cfg, p_B, lengths, P, T, first)
+    flops = layout_flops(cfg, p_B, lengths, P, T, first, block=cfg.attention_block)
     out["real"] = flops["real"]
     out["positions"] = (padded, padded if first is None else int(first.src_MRL.size))
     for side in compiled:

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from rlvr_jax.model import transformer
+from rlvr_jax.model.attention import BRANCHES
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.sampling.host import bucket_and_pad
 
@@ -85,8 +86,7 @@ def lognormal_lengths(n: int, T: int, imbalance: float, rng: np.random.Generator
 def update_flops(cfg, positions: float, predicting: float, pairs: float) -> float:
     """Forward and backward (3 x forward) FLOPs of the policy's pass over `positions` token
     positions, the unembedding at `predicting` of them, and attention over `pairs` (query,
-    key) pairs (what blockwise attention computes: every causal pair of a packed row, its
-    other segments' included)."""
+    key) pairs."""
     D, H, K, Dh, F = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim
     per_position = 2 * D * (H + 2 * K) * Dh + 2 * H * Dh * D + 6 * D * F
     per_pair = 4 * H * Dh  # q.k and p.v
@@ -94,8 +94,26 @@ def update_flops(cfg, positions: float, predicting: float, pairs: float) -> floa
     return 3 * (layers + 2 * D * cfg.vocab_size * predicting)
 
 
-def layout_flops(cfg, p_B: np.ndarray, c_N: np.ndarray, P: int, T: int, packing) -> dict:
-    """`update_flops` of the padded update (shared prompt), of `packing`, and of the real need."""
+def packed_pairs(segment_RL: np.ndarray, block: int) -> int:
+    """The (query, key) pairs blockwise attention computes on packed rows: whole blocks of
+    `block` x `block`, from the block of each query block's first sequence start to the causal
+    diagonal (`attention._first_key_block`)."""
+    seq_RL = segment_RL // BRANCHES
+    R, L = seq_RL.shape
+    b = min(block, L)
+    n = -(-L // b)
+    begins = np.concatenate([np.ones((R, 1), bool), seq_RL[:, 1:] != seq_RL[:, :-1]], axis=1)
+    starts = np.maximum.accumulate(np.where(begins, np.arange(L)[None, :], 0), axis=1)
+    first = starts[:, ::b].min(axis=0) // b  # per query block, over the rows, as the kernel
+    return int(R * sum((i + 1 - first[i]) * b * b for i in range(n)))
+
+
+def layout_flops(
+    cfg, p_B: np.ndarray, c_N: np.ndarray, P: int, T: int, packing, block: int = 512
+) -> dict:
+    """`update_flops` of the padded update (shared prompt; exact causal pairs), of `packing`
+    (pairs as blockwise attention with `block` computes them, `packed_pairs`), and of the real
+    need (each group's prompt once, exact causal pairs)."""
     G = len(c_N) // len(p_B)
     p_N = np.repeat(p_B, G)
     tri = lambda n: n * (n + 1) / 2  # noqa: E731
@@ -112,5 +130,6 @@ def layout_flops(cfg, p_B: np.ndarray, c_N: np.ndarray, P: int, T: int, packing)
     }
     if packing is not None:
         M, R, L = packing.src_MRL.shape
-        out["packed"] = update_flops(cfg, M * R * L, packing.at_MK.size, M * R * tri(L))
+        pairs = sum(packed_pairs(np.asarray(seg), block) for seg in packing.segment_MRL)
+        out["packed"] = update_flops(cfg, M * R * L, packing.at_MK.size, pairs)
     return out

@@ -162,7 +162,7 @@ def _visible(segs: tuple[Array, Array], q0: Array, k0: Array, bq: int, bk: int, 
     """The (B, 1, 1, bq, bk) mask of the query block starting at row q0 and the key block
     starting at key k0: a key is visible when `segment_visible` (padding is segment 0, which
     no query sees) and, with an offset, causality allows it."""
-    q_seg_BT, k_seg_BS = segs
+    q_seg_BT, k_seg_BS = segs[0], segs[1]
     q_seg = jax.lax.dynamic_slice_in_dim(q_seg_BT, q0, bq, axis=1)[:, :, None]
     k_seg = jax.lax.dynamic_slice_in_dim(k_seg_BS, k0, bk, axis=1)[:, None, :]
     visible = (segment_visible(q_seg, k_seg) & (k_seg > 0))[:, None, None]
@@ -177,6 +177,33 @@ def _key_blocks_seen(i: Array, bq: int, bk: int, nk: int, offset: int | None) ->
     if offset is None:
         return nk
     return jnp.clip(((i + 1) * bq + offset + bk - 1) // bk, 0, nk)
+
+
+def _first_key_block(segs: tuple[Array, ...], i: Array, bq: int, bk: int) -> int | Array:
+    """The first key block query block i can see: 0, or with packed rows' sequence starts
+    (`_sequence_starts`) the block of the earliest start among the block's first queries."""
+    if len(segs) < 3:
+        return 0
+    return jnp.min(jax.lax.dynamic_index_in_dim(segs[2], i * bq, axis=1, keepdims=False)) // bk
+
+
+def _query_blocks_seeing(segs: tuple[Array, ...], j: Array, bq: int, bk: int, nq: int):
+    """How many leading query blocks can see key block j: all, or with packed rows' sequence
+    starts only those holding a query whose sequence starts before the block's end."""
+    if len(segs) < 3:
+        return nq
+    # Starts do not decrease along a row, so the queries that can reach the block are a prefix.
+    reach = jnp.max(jnp.sum(segs[2] < (j + 1) * bk, axis=1))
+    return jnp.minimum(-(-reach // bq), nq)
+
+
+def _sequence_starts(seg_BT: Array) -> Array:
+    """(B, T) int32: the index where each token's sequence (`seg // BRANCHES`) begins in its
+    packed row; a run of padding (segment 0) is a sequence of its own."""
+    seq = seg_BT // BRANCHES
+    index = jnp.arange(seg_BT.shape[1], dtype=jnp.int32)[None, :]
+    begins = jnp.concatenate([jnp.ones_like(seq[:, :1], bool), seq[:, 1:] != seq[:, :-1]], 1)
+    return jax.lax.cummax(jnp.where(begins, index, 0), axis=1)
 
 
 def _first_query_block(j: Array, bq: int, bk: int, offset: int | None) -> int | Array:
@@ -229,7 +256,8 @@ def _flash_forward(q, k, v, segs, offset, bq, bk):
             jnp.zeros((B, K, G, bq, Dh), jnp.float32),
         )
         num_blocks = _key_blocks_seen(i, bq, bk, nk, offset)
-        row_max, row_sum, acc = jax.lax.fori_loop(0, num_blocks, key_block, init)
+        first = _first_key_block(segs, i, bq, bk)
+        row_max, row_sum, acc = jax.lax.fori_loop(first, num_blocks, key_block, init)
         seen = row_sum > 0
         row_sum = jnp.where(seen, row_sum, 1.0)
         out_i = (acc / row_sum[..., None]).astype(out.dtype)
@@ -273,7 +301,8 @@ def _flash_backward(q, k, v, segs, out, lse, d_out, d_lse, offset, bq, bk):
 
         zeros = jnp.zeros((B, K, bk, Dh), f32)
         first = _first_query_block(j, bq, bk, offset)
-        dq, dk_j, dv_j = jax.lax.fori_loop(first, nq, query_block, (dq, zeros, zeros))
+        last = _query_blocks_seeing(segs, j, bq, bk, nq)
+        dq, dk_j, dv_j = jax.lax.fori_loop(first, last, query_block, (dq, zeros, zeros))
         put = lambda x, x_j: jax.lax.dynamic_update_slice_in_dim(x, x_j, j * bk, axis=2)
         return dq, put(dk, dk_j), put(dv, dv_j)
 
@@ -296,7 +325,7 @@ def _flash_bwd(offset, bq, bk, res, cotangents):
     q, k, v, segs, out, lse = jax.lax.optimization_barrier(res)  # see `_flash_forward`
     d_out, d_lse = cotangents
     dq, dk, dv = _flash_backward(q, k, v, segs, out, lse, d_out, d_lse, offset, bq, bk)
-    return dq, dk, dv, (None, None)
+    return dq, dk, dv, (None,) * len(segs)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -346,6 +375,10 @@ def blockwise_attention(
     q, k, v = _pad_axis(q, 3, Tp), _pad_axis(k, 2, Sp), _pad_axis(v, 2, Sp)
     segs = _segments(valid_BS, segments, T)
     segs = (_pad_axis(segs[0], 1, Tp), _pad_axis(segs[1], 1, Sp))
+    if segments is not None and causal_offset == 0 and T == S:
+        # Packed rows: a query block loops over the key blocks from its sequences' starts only,
+        # not over the whole causal prefix of the row.
+        segs = (*segs, _sequence_starts(segs[0]))
     out, lse = _flash(q, k, v, segs, causal_offset, bq, bk)
     out_BTHd = out[:, :, :, :T].transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
     return out_BTHd, lse[:, :, :, :T].transpose(0, 3, 1, 2).reshape(B, T, H)

@@ -137,14 +137,15 @@ def plan(
 
     Returns:
       The `Packing` of M' microbatches, with R the smallest bucket (`row_buckets`) that holds
-      the rows, and R' the
-      smallest that holds a microbatch's predicting positions in rows of L (the unembedding
-      runs on those only, not on the prompts).
+      the rows, and R' the smallest that holds a microbatch's predicting positions in rows of
+      L (the unembedding runs on those only, not on the prompts).
     """
     N, T = np.shape(mask_NT)
     S = prompt_len + T
     G = group_size
     p_N, c_N = real_lengths(prompt_lengths_N, mask_NT)
+    if G >= BRANCHES:
+        raise ValueError(f"group size {G}: a packed prompt has at most {BRANCHES - 1} branches")
     if N % (num_microbatches * row_multiple) or N % G:
         raise ValueError(
             f"{N} rows do not split into groups of {G}, nor into {num_microbatches} "

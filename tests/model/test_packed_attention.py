@@ -163,3 +163,17 @@ def test_cudnn_refuses_segments():
     segments = np.ones((1, 8), np.int32)
     with pytest.raises(ValueError, match="cudnn attention cannot express"):
         attn.causal_attention(q, k, v, segments > 0, "cudnn", 8, segments)
+
+
+def test_blockwise_attention_skips_the_key_blocks_before_a_query_blocks_sequences():
+    B = attn.BRANCHES
+    # Row: sequence 1 (4 tokens), sequence 2 (prompt 3, branches 1 and 2), then padding.
+    seg = np.array([[B, B, B, B, 2 * B, 2 * B, 2 * B, 2 * B + 1, 2 * B + 2, 2 * B + 2, 0, 0]])
+    starts = np.asarray(attn._sequence_starts(jnp.asarray(seg)))
+    np.testing.assert_array_equal(starts[0], [0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 10, 10])
+    segs = (jnp.asarray(seg), jnp.asarray(seg), jnp.asarray(starts))
+    # Blocks of 4: query block 1 (tokens 4-7) starts at key block 1, not 0; key block 0 is
+    # seen by query block 0 only; key block 2 (tokens 8-11) by every query block that reaches it.
+    assert [int(attn._first_key_block(segs, i, 4, 4)) for i in range(3)] == [0, 1, 1]
+    assert [int(attn._query_blocks_seeing(segs, j, 4, 4, 3)) for j in range(3)] == [1, 3, 3]
+    assert attn._first_key_block(segs[:2], 1, 4, 4) == 0  # unpacked rows: every block
