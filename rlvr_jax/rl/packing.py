@@ -165,12 +165,30 @@ def plan(
     M = -(-max(len(bins), 1) // r_max)
     per_micro = -(-max(len(bins), 1) // M)
     R = next(r for r in row_buckets(r_max, row_multiple) if r >= per_micro)
+    src, segment, at, tgt, pred, micro = _place(
+        units, bins, sizes, p_N, c_N, (M, R, L), prompt_len, T
+    )
+    most = -(-max(map(len, at)) // L)
+    K = L * next(r for r in row_buckets(r_max, row_multiple) if r >= most)
+    at_MK, tgt_MK = np.zeros((M, K), np.int32), np.zeros((M, K), np.int32)
+    for m in range(M):
+        at_MK[m, : len(at[m])] = at[m]
+        tgt_MK[m, : len(tgt[m])] = tgt[m]
+    return Packing(src, segment, at_MK, tgt_MK, pred, micro)
+
+
+def _place(units, bins, sizes, p_N, c_N, shape, prompt_len: int, T: int) -> tuple:
+    """The packed rows of `plan`: (src, segment) of `shape` (M, R, L), each microbatch's
+    predicting positions and their targets (1-d arrays), pred (N, T) and micro (N,)."""
+    M, R, L = shape
+    N, S = len(c_N), prompt_len + T
     src = np.zeros((M, R, L), np.int32)
     segment = np.zeros((M, R, L), np.int32)
     at = [[] for _ in range(M)]  # each microbatch's predicting positions, in order
     tgt = [[] for _ in range(M)]  # and the flat (N, S) index of the token each predicts
     pred = np.zeros((N, T), np.int32)
     micro = np.full((N,), -1, np.int32)
+    count = [0] * M
     # Deal the bins, fullest first, round-robin over the microbatches: balanced by tokens.
     order = sorted(range(len(bins)), key=lambda b: -int(sizes[bins[b]].sum()))
     for k, b in enumerate(order):
@@ -188,18 +206,14 @@ def plan(
                 flat_src[start : start + c] = n * S + prompt_len + np.arange(c)
                 flat_seg[start : start + c] = seq * BRANCHES + branch
                 # The last prompt token predicts the first completion token, and so on.
-                pred[n, :c] = len(at[m]) + np.arange(c)
-                at[m] += [last_prompt, *range(start, start + c - 1)]
-                tgt[m] += [*range(n * S + prompt_len, n * S + prompt_len + c)]
+                pred[n, :c] = count[m] + np.arange(c)
+                count[m] += c
+                at[m] += [np.array([last_prompt]), np.arange(start, start + c - 1)]
+                tgt[m].append(n * S + prompt_len + np.arange(c))
                 micro[n] = m
                 start += c
-    most = -(-max(map(len, at)) // L)
-    K = L * next(r for r in row_buckets(r_max, row_multiple) if r >= most)
-    at_MK, tgt_MK = np.zeros((M, K), np.int32), np.zeros((M, K), np.int32)
-    for m in range(M):
-        at_MK[m, : len(at[m])] = at[m]
-        tgt_MK[m, : len(tgt[m])] = tgt[m]
-    return Packing(src, segment, at_MK, tgt_MK, pred, micro)
+    flat = lambda parts: np.concatenate([np.zeros(0, np.int64), *parts])  # noqa: E731
+    return src, segment, [flat(x) for x in at], [flat(x) for x in tgt], pred, micro
 
 
 def _units(p_N: np.ndarray, c_N: np.ndarray, G: int, L: int) -> list[list[int]]:

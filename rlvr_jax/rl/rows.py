@@ -120,6 +120,24 @@ def policy_logprobs(
     return hidden_logprobs(params, h_NTD, seq, model_cfg, rl)
 
 
+def packed_microbatch(
+    params: Params, seq: Sequences, model_cfg: ModelConfig, rl: RLConfig, packing: Packing, m
+) -> tuple[Array, Array, Array]:
+    """`packing.packed_logprobs` of microbatch m's completion tokens: log-probs, entropies
+    (N, T) and the hidden states (N, T, D) that predict them; zero outside microbatch m."""
+    return packing_lib.packed_logprobs(
+        params,
+        seq.tokens_NS,
+        seq.positions_NS,
+        seq.mask_NS[:, seq.prompt_len :],
+        packing,
+        m,
+        model_cfg,
+        rl.logprob_chunk,
+        rl.temperature,
+    )
+
+
 def packed_all(
     params: Params,
     seq: Sequences,

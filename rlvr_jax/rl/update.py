@@ -128,24 +128,14 @@ def _packed_loss(
     """`_loss` (or `_ppo_loss` with a critic) of the rows packed into microbatch m: their
     log-probs come from its packed rows, the other rows leave the loss mask."""
     seq = rows.seq
-    valid_NT = seq.mask_NS[:, seq.prompt_len :]
-    logp_NT, entropy_NT, h_NTD = packing_lib.packed_logprobs(
-        params,
-        seq.tokens_NS,
-        seq.positions_NS,
-        valid_NT,
-        packing,
-        m,
-        model_cfg,
-        rl.logprob_chunk,
-        rl.temperature,
-    )
+    logp_NT, entropy_NT, h_NTD = rows_lib.packed_microbatch(params, seq, model_cfg, rl, packing, m)
     mine = (packing.micro_N == m)[:, None]
     mb = dataclasses.replace(rows, loss_mask_NT=rows.loss_mask_NT & mine)
     loss, metrics = _objective(logp_NT, entropy_NT, mb, normalizer, rl)
     if critic is None:
         return loss, metrics
     if critic.backbone is not None:
+        valid_NT = seq.mask_NS[:, seq.prompt_len :]
         h_NTD = packing_lib.packed_values_hidden(
             critic.backbone, seq.tokens_NS, seq.positions_NS, valid_NT, packing, m, model_cfg
         )
