@@ -17,7 +17,8 @@ and the `LoadReport` says how many of each and where; so is the end of a truncat
 (the rows before it are kept); a source with no usable row raises.
 
 The parts live in their own modules and are importable from here as well: the sources and row
-parsing (`sources`), the hub loaders (`hubs`) and the row counting (`load_report`).
+parsing (`sources`), the hub loaders (`hubs`), the hubs' recorded splits (`hub_splits`) and the
+row counting (`load_report`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 
 from rlvr_jax.data import code_problems, countdown_tasks, jsonl, reasoning_gym_tasks, swe_repos
 from rlvr_jax.data.example import Example
+from rlvr_jax.data.hub_splits import HubSplitError
 from rlvr_jax.data.hubs import DataSourceError, load_hf, load_tfds
 from rlvr_jax.data.jsonl import MalformedRowError
 from rlvr_jax.data.load_report import LoadReport, collect
@@ -57,6 +59,7 @@ __all__ = [
     "SOURCES",
     "DataSourceError",
     "Example",
+    "HubSplitError",
     "LoadReport",
     "MalformedRowError",
     "SourceSpec",

@@ -3,12 +3,14 @@
 Host code. Each hub package is imported inside its loader, only there, so that neither is needed
 to load local JSONL; a missing package, no network or a failed download is a `DataSourceError`
 whose message says to pass a local JSONL path. The rows go through the same parsing and counting
-as local JSONL (`sources.example_from_row`, `load_report.collect`).
+as local JSONL (`sources.example_from_row`, `load_report.collect`). A split or config that the
+recorded dataset lacks (`hub_splits`) is a `HubSplitError` before anything is imported.
 """
 
 from __future__ import annotations
 
 from rlvr_jax.data.example import Example
+from rlvr_jax.data.hub_splits import check_hf, check_tfds
 from rlvr_jax.data.load_report import LoadReport, collect
 from rlvr_jax.data.sources import example_from_row, spec_of
 
@@ -45,6 +47,7 @@ def load_hf(
       exclude_true_false: see `load_jsonl`.
 
     Raises:
+      HubSplitError: when the recorded dataset has no such config or split (`hub_splits`).
       DataSourceError: when `datasets` is not installed or the download fails; the message says
         to pass a local JSONL path.
     """
@@ -54,6 +57,7 @@ def load_hf(
     split = split or default_split
     if path is None:
         raise DataSourceError(f"{name!r} has no Hugging Face dataset id; pass hf_path=")
+    check_hf(path, config, split)
     try:
         import datasets
     except ImportError as e:
@@ -93,6 +97,7 @@ def load_tfds(
       exclude_true_false: see `load_jsonl`.
 
     Raises:
+      HubSplitError: when the recorded builder has no such split (`hub_splits`).
       DataSourceError: when `tensorflow_datasets` is not installed, the source has no builder, or
         the download fails; the message says to pass a local JSONL path.
     """
@@ -101,6 +106,7 @@ def load_tfds(
     builder, split = tfds_name or builder, split or default_split
     if builder is None:
         raise _unavailable("TFDS", name, LookupError(f"TFDS has no builder for {name!r}"))
+    check_tfds(builder, split)
     try:
         import tensorflow_datasets as tfds
     except ImportError as e:

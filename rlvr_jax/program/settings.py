@@ -22,6 +22,7 @@ import ml_collections
 
 from rlvr_jax.config_types import ConfigError, from_config
 from rlvr_jax.data import curriculum as curriculum_lib
+from rlvr_jax.data import hub_splits, sources
 from rlvr_jax.data import modes as modes_lib
 from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.model import sharding
@@ -100,7 +101,9 @@ class DataSettings:
       "reasoning_gym:<task>" or a mix "reasoning_gym:<task>,<task>" (docs/reasoning_gym.md).
     path: local JSONL file or directory (empty: the hub, or generated tasks).
     split: training split; eval examples are held out from it (`num_eval`), or read from
-      `eval_split` when set.
+      `eval_split` when set. From the hub (no `path`) it is one the dataset has
+      (`data.hub_splits`: MATH-500 has only "test", AIME 2024 and AMC only "train"; "" is the
+      dataset's own).
     eval_split: a separate split for evaluation ("" holds out `num_eval` from `split`).
     num_train: training prompts to keep (0 keeps all; generated tasks need it).
     num_eval: held-out prompts for evaluation.
@@ -418,9 +421,24 @@ def settings_from_config(config: Any, check_devices: bool = True) -> Settings:
             f"{s.model.lora.rank}: a separate critic is a full decoder trained in full; with "
             "LoRA use rl.critic.kind='head'"
         )
+    check_hub_splits(s.data)
     if s.train.stage == "rl" and check_devices:
         check_mesh(s, jax.device_count())
     return s
+
+
+def check_hub_splits(data: DataSettings) -> None:
+    """Raises ConfigError when `data` reads a hub dataset (no `path`) with a `split` or
+    `eval_split` that the dataset does not have (`data.hub_splits`): before any download, and
+    naming the setting, the dataset and the splits it has."""
+    if data.path or data.name not in sources.SOURCES:
+        return
+    asked = [("split", data.split)] + ([("eval_split", data.eval_split)] if data.eval_split else [])
+    for field, split in asked:
+        try:
+            hub_splits.check_source(data.name, split)
+        except hub_splits.HubSplitError as e:
+            raise ConfigError(f"data.{field}={split!r} with data.name={data.name!r}: {e}") from None
 
 
 def check_mesh(s: Settings, num_devices: int) -> None:
