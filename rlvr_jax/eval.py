@@ -39,6 +39,7 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from rlvr_jax.data.hub_splits import HubSplitError
 from rlvr_jax.program.evals import evaluation, thinking_budget
 from rlvr_jax.program.parts import build
 from rlvr_jax.program.runtime import compilation, config_file, workdir_lock
@@ -57,7 +58,12 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_string("datasets", "", "Comma-separated 'name' or 'name:path' (default: held-out).")
 flags.DEFINE_string("data_path", "", "Directory or file for --datasets names without a path.")
-flags.DEFINE_string("split", "test", "Split of the --datasets.")
+flags.DEFINE_string(
+    "split",
+    "",
+    "Split of the --datasets (default: 'test' from --data_path, each dataset's own on the hub: "
+    "'train' for AIME 2024 and AMC, 'test' for MATH-500 and GSM8K).",
+)
 flags.DEFINE_integer("num_prompts", 0, "Keep the first N prompts of each dataset (0: all).")
 flags.DEFINE_integer("n", 0, "Samples per prompt for pass@k and mean@n (0: greedy only).")
 flags.DEFINE_string("k", "1", "Comma-separated k of pass@k.")
@@ -89,6 +95,11 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(
             f"--think_budgets={f.think_budgets!r} is not a list of integers"
         ) from None
+    specs = [x for x in f.datasets.split(",") if x]
+    try:  # before a model is loaded
+        evaluation.check_named(specs, f.data_path, f.split)
+    except HubSplitError as e:
+        raise app.UsageError(f"--datasets={f.datasets} --split={f.split!r}: {e}") from None
     if bool(f.workdir) == (f.config is not None):
         raise app.UsageError("give exactly one of --workdir=W (a run) or --config=C")
     if f.workdir and f.source:
@@ -138,7 +149,9 @@ def _evaluate(f: flags.FlagValues, budgets: list[int], run_dir: Path) -> None:
     if f.datasets:
         specs = [x for x in f.datasets.split(",") if x]
         examples = evaluation.load_named(specs, settings.data, f.data_path, f.split, f.num_prompts)
-        label = "+".join(spec.partition(":")[0] for spec in specs) + f"-{f.split}"
+        label = "+".join(spec.partition(":")[0] for spec in specs) + (
+            f"-{f.split}" if f.split else ""
+        )
     else:
         examples = build.load_examples(settings.data)[1]
         label = "heldout"

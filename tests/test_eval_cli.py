@@ -181,10 +181,50 @@ def test_host_verifier_path_agrees_with_the_in_graph_one(policy):
         np.testing.assert_array_equal(a, b)
 
 
-def _eval(*flags: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+def _eval(*flags: str, path_first: Path | None = None, **env_vars: str):
+    path = str(REPO) if path_first is None else f"{path_first}{os.pathsep}{REPO}"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path, **env_vars)
     cmd = [sys.executable, "-m", "rlvr_jax.eval", *flags]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+# A stand-in for Hugging Face `datasets`: it records what it is asked, and has no network.
+_FAKE_DATASETS = """
+import json, os
+
+def load_dataset(path, config=None, split=None):
+    with open(os.environ["ASKED_FILE"], "a") as f:
+        f.write(json.dumps([path, config, split]) + "\\n")
+    raise ConnectionError("no network here")
+"""
+
+
+def test_cli_asks_the_hub_for_each_datasets_own_split(tmp_path):
+    """`--datasets=aime` without --data_path asks the hub for AIME 2024's only split, "train";
+    a --split it lacks is named, with the splits it has, and the hub is not asked."""
+    fake = tmp_path / "fake"
+    (fake / "datasets").mkdir(parents=True)
+    (fake / "datasets" / "__init__.py").write_text(_FAKE_DATASETS)
+    asked = tmp_path / "asked.jsonl"
+    flags = (f"--config={REPO / 'configs' / 'tiny.py'}", "--datasets=aime")
+    out = f"--out={tmp_path / 'r.json'}"
+    proc = _eval(*flags, out, path_first=fake, ASKED_FILE=str(asked))
+    assert proc.returncode != 0
+    assert "could not load 'aime' from Hugging Face 'HuggingFaceH4/aime_2024' split 'train'" in (
+        proc.stderr
+    )
+    assert [json.loads(line) for line in asked.read_text().splitlines()] == [
+        ["HuggingFaceH4/aime_2024", None, "train"]
+    ]
+
+    asked.unlink()
+    proc = _eval(*flags, "--split=test", out, path_first=fake, ASKED_FILE=str(asked))
+    assert proc.returncode != 0
+    assert (
+        "--datasets=aime --split='test': Hugging Face dataset 'HuggingFaceH4/aime_2024' has no "
+        "split 'test' (asked for 'test'); its splits: ['train']"
+    ) in proc.stderr
+    assert not asked.exists() and not (tmp_path / "r.json").exists()
 
 
 def test_cli_names_a_missing_step_with_the_available_ones(run, tmp_path):

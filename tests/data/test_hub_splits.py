@@ -1,7 +1,7 @@
 """Every hub dataset, config and split the code can ask for is one the hub has, by the record in
 `data.hub_splits` (no network): the sources' own splits, and the data settings of every config
 file loaded as the entry points load it. A split the record lacks is named, with the ones that
-exist, by the loaders and the settings."""
+exist, by the loaders, the settings and the evaluator."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from rlvr_jax.config_types import ConfigError, from_config
 from rlvr_jax.data import datasets as ds
 from rlvr_jax.data import hub_splits, sources
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.evals import evaluation
 from rlvr_jax.program.runtime import config_file
 from rlvr_jax.program.studies import ablation, pipeline
 
@@ -193,3 +194,11 @@ def test_settings_name_a_split_the_hub_lacks():
     assert settings(name="gsm8k", split="train", eval_split="test").data.eval_split == "test"
     # Local JSONL: the split names a file, nothing to check against the hub.
     assert settings(name="aime", split="test", path="/data/aime").data.split == "test"
+
+
+def test_evaluator_checks_named_datasets_before_loading():
+    evaluation.check_named(["aime", "amc", "math500", "gsm8k"], "", "")
+    evaluation.check_named(["aime"], "../shared/data", "test")  # local files
+    evaluation.check_named(["aime:/data/aime.jsonl", "arithmetic"], "", "test")
+    with pytest.raises(ds.HubSplitError, match=r"'HuggingFaceH4/aime_2024' has no split 'test'"):
+        evaluation.check_named(["math500", "aime"], "", "test")

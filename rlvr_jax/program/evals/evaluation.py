@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rlvr_jax.data import datasets, templates
+from rlvr_jax.data import datasets, hub_splits, templates
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.single_turn import build_task
@@ -72,6 +72,15 @@ class EvalOptions:
         sampling_params(1, self.temperature, self.top_p)  # validates the values
 
 
+def check_named(specs: Sequence[str], data_path: str, split: str) -> None:
+    """Raises `datasets.HubSplitError` when a spec read from the hub (no path of its own and no
+    `data_path`) asks for a split its dataset lacks: before a model is loaded to evaluate it."""
+    for spec in specs:
+        name, path = datasets.parse_spec(spec)
+        if not (path or data_path) and name in datasets.SOURCES:
+            hub_splits.check_source(name, split)
+
+
 def load_named(
     specs: Sequence[str], data: DataSettings, data_path: str, split: str, num: int
 ) -> list[Example]:
@@ -81,7 +90,8 @@ def load_named(
       specs: dataset specs, e.g. ["aime", "amc"] or ["examples:/tmp/mine.jsonl"].
       data: the settings' data section (seed, level and filters of generated tasks).
       data_path: the directory or file for specs without a path.
-      split: the split to read.
+      split: the split to read; "" reads "test" from local JSONL and each dataset's own split
+        from the hub (AIME 2024 and AMC have only "train", MATH-500 only "test").
       num: keep the first `num` of each (0 keeps all; generated tasks need it).
     """
     out: list[Example] = []
