@@ -40,6 +40,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.batch_prompts = 4
     c.train.log_every = 1
     c.train.checkpoint_every = 5
+    c.train.keep_checkpoints = 1  # one checkpoint of the full model is 1.4 GiB
     c.eval.batch_prompts = 64
     if arg == "lora":
         c.model.lora.rank = 16

@@ -60,6 +60,13 @@ _STEP = flags.DEFINE_integer(
     "removed and the metrics after it dropped.",
 )
 
+_REEVALUATE = flags.DEFINE_bool(
+    "reevaluate",
+    False,
+    "Evaluate a finished run's final checkpoint again instead of printing the result its "
+    "ledger recorded (a rerun of the same command otherwise loads nothing).",
+)
+
 
 def main(argv: list[str]) -> None:
     del argv
@@ -88,6 +95,7 @@ def main(argv: list[str]) -> None:
                 workdir,
                 allow_changed_settings=_ALLOW_CHANGED.value,
                 resume_step=None if _STEP.value < 0 else _STEP.value,
+                skip_finished=not _REEVALUATE.value,
             )
     except workdir_lock.WorkdirBusyError as e:
         print(f"main: {e}", file=sys.stderr)

@@ -185,7 +185,10 @@ def test_resume_drops_entries_after_the_restored_step(tmp_path):
     ) as w:
         assert [e["step"] for e in metrics_lib.read_metrics(tmp_path)] == [1, 2, 3]
         w.write(4, {"x": 40.0})
-    assert "resuming from step 3: dropped 2 records" in stream.getvalue()
+    assert stream.getvalue().startswith(
+        "metrics: resuming from checkpoint step 3; keeping 3 step rows; dropping 2 records of "
+        "the steps after 3, which run again\n"
+    )
     entries = metrics_lib.read_metrics(tmp_path)
     assert [(e["step"], e["x"]) for e in entries] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
     # A fresh run (resume_step=0) in the same workdir starts a new history.
@@ -224,7 +227,12 @@ def test_a_finished_run_extended_keeps_every_step_row(tmp_path):
         for i in range(6, 9):
             w.write(i, {"accuracy": i})
         w.write(8, {"eval/accuracy": 0.8}, record="final")
-    assert "resuming from step 5: dropped 1 records" in stream.getvalue()
+    # Said as what is kept and what is written again, not as a loss.
+    assert stream.getvalue().startswith(
+        "metrics: resuming from checkpoint step 5; keeping 5 step rows and the evaluation before "
+        "training; the final evaluation recorded earlier is dropped: it runs again when the run "
+        "reaches its last step\n"
+    )
     records = metrics_lib.read_metrics(tmp_path)
     assert _kinds(records) == [(0, "eval"), *[(i, "step") for i in range(1, 9)], (8, "final")]
     rows = metrics_lib.step_rows(records)
@@ -245,15 +253,53 @@ def test_a_stopped_run_resumed_drops_its_final_eval_and_later_rows(tmp_path):
         for i in range(1, 5):
             w.write(i, {"accuracy": float(i)})
         w.write(4, {"eval/accuracy": 0.4}, record="final")
-    with _writer(tmp_path, resume_step=3):
+    stream = io.StringIO()
+    with _writer(tmp_path, resume_step=3, stream=stream):
         pass
     records = metrics_lib.read_metrics(tmp_path)
     assert _kinds(records) == [(0, "eval"), (1, "step"), (2, "step"), (3, "step")]
     assert metrics_lib.final_eval(records) is None
+    said = stream.getvalue()
+    assert "keeping 3 step rows and the evaluation before training" in said
+    assert "dropping 2 records of the steps after 3, which run again" in said  # step 4, final
+    assert "the final evaluation recorded earlier" not in said  # it was after step 3
     # A fresh run (resume_step=0) evaluates again: nothing of the old history stays.
-    with _writer(tmp_path):
+    stream = io.StringIO()
+    with _writer(tmp_path, stream=stream):
         pass
     assert metrics_lib.read_metrics(tmp_path) == []
+    assert stream.getvalue() == (
+        "metrics: no checkpoint to resume from, so the run starts over: the 4 records of an "
+        "earlier attempt are dropped\n"
+    )
+    # Nothing to keep or drop: a fresh run in an empty workdir says nothing.
+    stream = io.StringIO()
+    with _writer(tmp_path / "new", stream=stream):
+        pass
+    assert stream.getvalue() == ""
+
+
+def test_a_resume_that_drops_nothing_says_what_it_keeps(tmp_path):
+    with _writer(tmp_path) as w:
+        w.write(0, {"eval/accuracy": 0.1}, record="eval")
+        for i in range(1, 4):
+            w.write(i, {"accuracy": float(i)})
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "reco')  # torn by a crash
+    stream = io.StringIO()
+    with _writer(tmp_path, resume_step=3, stream=stream):
+        pass
+    assert stream.getvalue() == (
+        "metrics: resuming from checkpoint step 3; keeping 3 step rows and the evaluation before "
+        "training; an incomplete last line is dropped\n"
+    )
+    stream = io.StringIO()
+    with _writer(tmp_path, resume_step=3, stream=stream):
+        pass
+    assert stream.getvalue() == (
+        "metrics: resuming from checkpoint step 3; keeping 3 step rows and the evaluation before "
+        "training\n"
+    )
 
 
 def test_old_ledgers_without_kinds_read_as_step_rows(tmp_path):

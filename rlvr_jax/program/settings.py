@@ -177,7 +177,8 @@ class TrainSettings:
     seed: model init (random sources), sampling and update seed.
     log_every, eval_every, checkpoint_every: intervals in steps (0 disables periodic ones;
       evaluation also runs before the first and after the last step, a checkpoint at the end).
-    keep_checkpoints: how many to keep.
+    keep_checkpoints: how many to keep; 2, so that a damaged newest one falls back to the one
+      before (each holds the f32 weights and Adam's two moments: 1.4 GiB for the demo's 135M).
     stage: "rl" (`program.stages.rl_stage`), "sft" (supervised fine-tuning on demonstrations,
       `program.stages.sft_stage`) or "rm" (a reward model on preference pairs,
       `program.stages.rm_stage`); `program.stages.dispatch.run` dispatches on it. Every stage counts
@@ -537,9 +538,16 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def resume_differences(saved: dict[str, Any], settings: Settings) -> list[str]:
-    """The fields, outside `RESUME_FREE`, where `settings` differ from the `plain_settings` a
-    checkpoint recorded, as "field: saved -> now" lines (sorted).
+# The fields the tokenizer fills at run time where the config leaves `rl.sampler.eos_ids` empty
+# (`program.parts.build.with_tokenizer_ids`).
+TOKENIZER_FILLED = frozenset({"rl.sampler.eos_ids", "rl.sampler.pad_id"})
+
+
+def resume_differences(
+    saved: dict[str, Any], settings: Settings, free: frozenset[str] = RESUME_FREE
+) -> list[str]:
+    """The fields, outside `free` (`RESUME_FREE`), where `settings` differ from the
+    `plain_settings` a checkpoint recorded, as "field: saved -> now" lines (sorted).
 
     Fields the tokenizer fills at run time (`rl.sampler.eos_ids`, `pad_id`) compare as the run
     saw them: both sides come from the same filling. A field the checkpoint predates (absent
@@ -550,7 +558,7 @@ def resume_differences(saved: dict[str, Any], settings: Settings) -> list[str]:
     defaults = _flatten(json.loads(json.dumps(default_config().to_dict())))
     out = []
     for name in sorted(set(old) | set(new)):
-        if name in RESUME_FREE:
+        if name in free:
             continue
         a, b = old.get(name, "<absent>"), new.get(name, "<absent>")
         if a == "<absent>" and name in defaults and defaults[name] == b:

@@ -8,9 +8,9 @@ JSON object per line: "step", the record's kind ("record": `STEP`, `EVAL`, `FINA
 Damage is reported, never guessed around: a torn last line (a crash mid-write, also one cut
 inside a multi-byte character) is ignored with a warning; any other line that is not a UTF-8
 JSON record is an error naming the file and the line number. When a run resumes, `resume` drops
-what came after the restored step and reports the steps the ledger has no rows for (the file
-deleted or cut short by hand): the checkpoint is intact and training goes on; only those rows
-are gone.
+what came after the restored step and an earlier final evaluation, says what it keeps and drops
+(`Resumed.summary`), and reports the steps the ledger has no rows for (the file deleted or cut
+short by hand): the checkpoint is intact and training goes on; only those rows are gone.
 """
 
 from __future__ import annotations
@@ -145,6 +145,9 @@ class Resumed:
       existed: whether the file was there at all.
       missing_steps: steps 1..`step` that have no training row.
       has_eval: whether the evaluation before training is recorded.
+      kept_rows: the training rows kept (those of steps 1..`step`).
+      later: records dropped because their step is after `step` (with `step` 0: every record).
+      finals: final evaluations dropped at or before `step` (the resumed run writes its own).
     """
 
     step: int
@@ -152,6 +155,37 @@ class Resumed:
     existed: bool
     missing_steps: tuple[int, ...]
     has_eval: bool
+    kept_rows: int = 0
+    later: int = 0
+    finals: int = 0
+
+    def summary(self) -> str | None:
+        """One line on what the ledger keeps for the resumed run and what it drops to be written
+        again; None for a fresh run in a workdir without an earlier ledger."""
+        torn = self.dropped - self.later - self.finals
+        if self.step == 0:
+            if not self.dropped:
+                return None
+            return (
+                f"metrics: no checkpoint to resume from, so the run starts over: the {self.dropped}"
+                " records of an earlier attempt are dropped"
+            )
+        kept = f"keeping {self.kept_rows} step rows"
+        if self.has_eval:
+            kept += " and the evaluation before training"
+        parts = [f"metrics: resuming from checkpoint step {self.step}", kept]
+        if self.later:
+            parts.append(
+                f"dropping {self.later} records of the steps after {self.step}, which run again"
+            )
+        if self.finals:
+            parts.append(
+                "the final evaluation recorded earlier is dropped: it runs again when the run "
+                "reaches its last step"
+            )
+        if torn:
+            parts.append("an incomplete last line is dropped")
+        return "; ".join(parts)
 
     def warning(self, path: Path) -> str | None:
         """One line on the rows the ledger lacks, or None when it lacks none."""
@@ -195,13 +229,18 @@ def resume(workdir: str | Path, after_step: int) -> Resumed:
     kept = [r for r in records if after_step > 0 and r["step"] <= after_step and r[RECORD] != FINAL]
     if len(kept) != raw_lines:
         _rewrite(path, kept, after_step)
-    have = {r["step"] for r in kept if r[RECORD] == STEP}
+    rows = [r["step"] for r in kept if r[RECORD] == STEP]
+    have = set(rows)
+    later = sum(after_step == 0 or r["step"] > after_step for r in records)
     return Resumed(
         step=after_step,
         dropped=raw_lines - len(kept),
         existed=existed,
         missing_steps=tuple(s for s in range(1, after_step + 1) if s not in have),
         has_eval=any(r[RECORD] == EVAL for r in kept),
+        kept_rows=len(rows),
+        later=later,
+        finals=sum(0 < r["step"] <= after_step and r[RECORD] == FINAL for r in records),
     )
 
 

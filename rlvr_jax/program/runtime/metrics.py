@@ -244,8 +244,9 @@ class MetricsWriter:
       total_steps: the run's length, for the progress bar and the time remaining.
       resume_step: the step the run restarts from; the JSONL keeps the records up to it but not
         an earlier attempt's final evaluation (`truncate_metrics`), and TensorBoard hides its
-        events after it. 0 (a fresh run) drops any earlier history. Steps up to it without a
-        row are named in a warning (`ledger.Resumed.warning`).
+        events after it. 0 (a fresh run) drops any earlier history. One console line says what
+        is kept and what is dropped to be written again (`ledger.Resumed.summary`); steps up to
+        it without a row are named in a warning (`ledger.Resumed.warning`).
       wandb_project, wandb_name, wandb_config: passed to `wandb.init`; the run id is kept in
         `workdir/wandb_run_id` so a resumed run continues the same W&B run.
       stream: the console (default stdout). A terminal gets one self-overwriting progress line;
@@ -307,11 +308,9 @@ class MetricsWriter:
                 raise event_files.write_error(self.workdir, e, "create") from e
             resumed = ledger.resume(self.workdir, resume_step)
             self.missing_eval = resume_step > 0 and not resumed.has_eval
-            if resumed.dropped:
-                self._print(
-                    f"metrics: resuming from step {resume_step}: dropped {resumed.dropped} "
-                    "records written after it"
-                )
+            said = resumed.summary() if resumed.existed else None
+            if said is not None:
+                self._print(said)
             gap = resumed.warning(self.workdir / METRICS_FILE)
             if gap is not None:
                 logging.warning("%s", gap)

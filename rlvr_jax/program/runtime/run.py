@@ -39,12 +39,14 @@ from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data import curriculum as curriculum_lib
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.program.runtime import checkpoint as ckpt_lib
-from rlvr_jax.program.runtime import compilation, preemption, workdir_lock
+from rlvr_jax.program.runtime import compilation, finished, preemption, workdir_lock
 from rlvr_jax.program.runtime import metrics as metrics_lib
 from rlvr_jax.program.settings import Settings, plain_settings, resume_differences, save_settings
 from rlvr_jax.rl.state import TrainState
 
 Evaluate = Callable[[Params], dict[str, float]]
+# What the held-out evaluation counts and measures, for the log line (`Stage.eval_unit`).
+GREEDY_UNIT = "prompts, greedy"
 
 
 class DataSampler(Protocol):
@@ -86,7 +88,7 @@ class Stage:
     evaluate: Evaluate | None = None
     ref_source: str | None = None
     precompile: Callable[[TrainState], None] | None = None
-    eval_unit: str = "prompts, greedy"
+    eval_unit: str = GREEDY_UNIT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,11 +295,7 @@ def _run_locked(
         if eval_after is not None:
             writer.write(step, eval_after, record="final")
     if eval_before is not None and eval_after is not None:
-        log(
-            f"held-out accuracy: before {eval_before['eval/accuracy']:.3f}, after "
-            f"{eval_after['eval/accuracy']:.3f} ({int(eval_after['eval/num_prompts'])} "
-            f"{stage.eval_unit})"
-        )
+        log(finished.held_out_line(eval_before, eval_after, stage.eval_unit))
     return RunResult(state, step, start_step, eval_before, eval_after, history)
 
 

@@ -40,6 +40,9 @@ from rlvr_jax.program.settings import Settings
 from rlvr_jax.rewards import reward_model as rm_lib
 from rlvr_jax.rl import state as state_lib
 
+# What the evaluation counts and measures, for the log lines.
+EVAL_UNIT = "pairs, pairwise accuracy"
+
 
 def _batch(enc: EncodedPairs, idx, buckets, pad_id: int) -> rm_lib.PairBatch:
     arrays = make_pair_batch(
@@ -150,7 +153,7 @@ def run(
         sampler=sampler,
         step=step,
         evaluate=evaluate,
-        eval_unit="pairs, pairwise accuracy",
+        eval_unit=EVAL_UNIT,
     )
     result = run_stage(stage, s, workdir, log, allow_changed_settings, resume_step)
     losses = [float(m["rm/loss"]) for m in result.step_metrics]

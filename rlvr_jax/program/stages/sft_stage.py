@@ -48,6 +48,11 @@ from rlvr_jax.sft.step import build_sft_step, make_batch
 EXPORT_DIR = "hf"
 
 
+def written_after_final(s: Settings, workdir: str | Path) -> tuple[Path, ...]:
+    """What the stage writes after its final evaluation: the export, when `sft.export`."""
+    return (Path(workdir) / EXPORT_DIR,) if s.sft.export else ()
+
+
 def _encoded(
     s: Settings,
     tok: Tokenizer,
