@@ -2,7 +2,9 @@
 
 Library code never reads a ConfigDict; `main` converts it once with `from_config`, which refuses
 unknown keys and wrong types (naming the dotted path, e.g. `rl.loss.clip_hihg`), and lets each
-dataclass's own `__post_init__` validate values.
+dataclass's own `__post_init__` validate values. `UserError` (and its `ConfigError` and
+`NotFoundError`) marks the errors a user causes, at the bottom layer so that every layer raises
+them.
 """
 
 from __future__ import annotations
@@ -17,8 +19,20 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """An error in what the user asked for, not in the program: a setting, a path, a hub id, a
+    directory that holds no run. The message names the bad value and the fix; the entry points
+    print it alone, without a traceback, and exit with status 2
+    (`program.runtime.user_errors`). Any other exception is a bug and keeps its traceback."""
+
+
+class ConfigError(UserError, ValueError):
     """An unknown, missing, mistyped or inconsistent setting; the message names it."""
+
+
+class NotFoundError(UserError, FileNotFoundError):
+    """A file, directory, run, checkpoint or hub id the user named is not there (or, for a hub
+    id, cannot be reached); the message names it and what to pass instead."""
 
 
 def _plain(value: Any) -> Any:

@@ -20,6 +20,9 @@ Writing into a run's workdir (the default `--out`; with `--config`, `runs/<confi
 workdir's lock (`program.runtime.workdir_lock`) for the whole evaluation: while a trainer runs there
 the command refuses at once, naming its pid, with exit status 2. With `--out` outside the workdir it
 only reads the checkpoints and takes no lock, so a running trainer's checkpoints can be evaluated.
+An error in what was asked (a workdir that is not a run, a step it does not hold, a bad flag or
+setting) is one line on stderr and exit status 2 (`program.runtime.user_errors`; `--verbose` adds
+the traceback).
 
 `--think_budgets=6,12,24` adds Qwen3's accuracy-against-thinking-budget curve
 (`program.evals.thinking_budget`): greedy accuracy, the early-end rate (the share of thoughts the
@@ -42,8 +45,8 @@ from ml_collections import config_flags
 from rlvr_jax.data.hub_splits import HubSplitError
 from rlvr_jax.program.evals import evaluation, thinking_budget
 from rlvr_jax.program.parts import build
-from rlvr_jax.program.runtime import compilation, config_file, workdir_lock
-from rlvr_jax.program.settings import settings_from_config
+from rlvr_jax.program.runtime import compilation, config_file, user_errors, workdir_lock
+from rlvr_jax.program.settings import SETTINGS_FILE, settings_from_config
 
 config_file.guard(
     config_flags.DEFINE_config_file("config", None, "Experiment config file (with --source).")
@@ -82,6 +85,7 @@ flags.DEFINE_string(
     str(compilation.default_cache_dir()),
     compilation.CACHE_FLAG_HELP,
 )
+flags.DEFINE_bool(user_errors.VERBOSE_FLAG, False, user_errors.VERBOSE_HELP)
 
 
 def main(argv: list[str]) -> None:
@@ -109,9 +113,10 @@ def main(argv: list[str]) -> None:
         if f.workdir
         else Path("runs") / Path(f["config"].config_filename.split(":")[0]).stem
     )
-    # A workdir that is not there holds no run to protect (restoring it fails, naming it).
+    # A workdir without a run's settings holds no run to protect (restoring it fails, naming
+    # it), and gets no lock file.
     writes_there = (not f.out or workdir_lock.inside(f.out, run_dir)) and (
-        not f.workdir or run_dir.is_dir()
+        not f.workdir or (run_dir / SETTINGS_FILE).is_file()
     )
     with contextlib.ExitStack() as stack:
         if writes_there:
@@ -198,4 +203,4 @@ def _evaluate(f: flags.FlagValues, budgets: list[int], run_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    user_errors.run("eval", main)

@@ -17,7 +17,9 @@ would prefer) remains.
 With `--out` inside the workdir (e.g. `<workdir>/hf`) the export writes into the run's directory
 and takes its lock (`program.runtime.workdir_lock`): while a trainer runs there it refuses at once,
 naming the trainer's pid, with exit status 2. An `--out` elsewhere only reads the checkpoints and
-takes no lock.
+takes no lock. An error in what was asked (a workdir that is not a run, a step it does not hold or
+cannot read, a non-empty `--out`) is one line on stderr and exit status 2
+(`program.runtime.user_errors`; `--verbose` adds the traceback).
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ from pathlib import Path
 import jax
 from absl import app, flags, logging
 
+from rlvr_jax.config_types import UserError
 from rlvr_jax.model import hf, lora_export
 from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.program.parts.build import restore_policy
-from rlvr_jax.program.runtime import workdir_lock
+from rlvr_jax.program.runtime import user_errors, workdir_lock
 from rlvr_jax.program.runtime.checkpoint import CheckpointError
+from rlvr_jax.program.settings import SETTINGS_FILE
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir.", required=True)
 _OUT = flags.DEFINE_string("out", None, "The Hugging Face directory to write.", required=True)
@@ -55,6 +59,7 @@ _ADAPTER = flags.DEFINE_bool(
 _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Replace a non-empty --out directory whole (default: refuse)."
 )
+flags.DEFINE_bool(user_errors.VERBOSE_FLAG, False, user_errors.VERBOSE_HELP)
 
 
 def main(argv: list[str]) -> None:
@@ -62,7 +67,9 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore stage at INFO
     if _STEP.value < -1:
         raise app.UsageError(f"--step={_STEP.value}: give a step >= 0, or -1 for the newest")
-    inside = Path(_WORKDIR.value).is_dir() and workdir_lock.inside(_OUT.value, _WORKDIR.value)
+    # A directory without a run's settings holds no run to protect (and gets no lock file).
+    is_run = (Path(_WORKDIR.value) / SETTINGS_FILE).is_file()
+    inside = is_run and workdir_lock.inside(_OUT.value, _WORKDIR.value)
     with contextlib.ExitStack() as stack:
         if inside:
             try:
@@ -82,8 +89,8 @@ def _export() -> None:
         )
         if _ADAPTER.value:
             if params.lora is None:
-                raise SystemExit(
-                    f"export: --adapter: {_WORKDIR.value} is not a LoRA run (model.lora.rank=0)"
+                raise UserError(
+                    f"--adapter: {_WORKDIR.value} is not a LoRA run (model.lora.rank=0)"
                 )
             out = lora_export.save_peft_adapter(
                 params.lora,
@@ -104,13 +111,14 @@ def _export() -> None:
                 overwrite=_OVERWRITE.value,
             )
     except FileExistsError as e:
-        raise SystemExit(f"export: --out: {e}; pass --overwrite to replace it whole") from e
-    except (CheckpointError, FileNotFoundError) as e:
-        # What the flags point at is missing or unreadable: the message says which, and how.
-        raise SystemExit(f"export: {e}") from e
+        raise UserError(f"--out: {e}; pass --overwrite to replace it whole") from e
+    except CheckpointError as e:
+        # The run the flags point at is unreadable (a missing one is a NotFoundError already):
+        # the message says which checkpoint, and why.
+        raise UserError(str(e)) from e
     n = sum(x.size for x in jax.tree.leaves(params))
     print(f"wrote {out}: step {step} of {_WORKDIR.value}, {cfg.model_type}, {n} parameters")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    user_errors.run("export", main)

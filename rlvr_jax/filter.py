@@ -35,7 +35,7 @@ from rlvr_jax.data.tokenizer import Tokenizer, load_tokenizer
 from rlvr_jax.envs import single_turn
 from rlvr_jax.envs.task import Task
 from rlvr_jax.model import loading
-from rlvr_jax.program.runtime import compilation
+from rlvr_jax.program.runtime import compilation, user_errors
 from rlvr_jax.program.studies import difficulty
 from rlvr_jax.rewards.config import RewardSettings
 
@@ -122,6 +122,7 @@ flags.DEFINE_bool(
 )
 flags.DEFINE_bool("drop_never_solved", False, "Drop prompts never solved.", flag_values=FLAGS)
 flags.DEFINE_string("output", "", "Where to write the kept examples (JSONL).", flag_values=FLAGS)
+flags.DEFINE_bool(user_errors.VERBOSE_FLAG, False, user_errors.VERBOSE_HELP, flag_values=FLAGS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,15 +260,12 @@ def run(argv: Sequence[str]) -> FilterResult:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-    """This module's flags first, then absl's own (logging verbosity); usage errors exit 1."""
+    """This module's flags first, then absl's own (logging verbosity); a flag error is raised
+    (`user_errors.run` prints it and exits with status 2)."""
     if any(a in ("-h", "--help", "--helpshort") for a in argv[1:]):
         print(f"{__doc__}\nFlags:\n{FLAGS.get_help()}")
         sys.exit(0)
-    try:
-        return flags.FLAGS(FLAGS(argv, known_only=True))
-    except flags.Error as e:
-        print(f"FATAL Flags parsing error: {e}\nPass --help to see the flags.", file=sys.stderr)
-        sys.exit(1)
+    return flags.FLAGS(FLAGS(argv, known_only=True))
 
 
 def main(argv: Sequence[str]) -> None:
@@ -278,4 +276,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    user_errors.run("filter", main, flags_parser=_parse_flags, flag_values=FLAGS)

@@ -7,8 +7,12 @@ fine-tuning on demonstrations (`train.stage="sft"`) or a reward model on prefere
 (`train.stage="rm"`).
 
 Exit statuses: 0 when the run reached its last step, or stopped after a SIGTERM or SIGINT with
-that step saved (the same command resumes); 1 for an error (a traceback; also a config file that
-calls sys.exit while loading); 2 when another process holds the workdir
+that step saved (the same command resumes); 1 for any other error, with its traceback (a bug, or
+a fault of the machine such as a read-only workdir or a failed save); 2 for an error in what was
+asked, printed as one "main: error: ..." line that names the bad value (a setting, an unknown
+`--config.` key, a config file that is missing, refuses its argument or calls sys.exit, a path or
+hub id that is not there; `program.runtime.user_errors`; its traceback with `--verbose` or
+RLVR_JAX_TRACEBACK=1), and when another process holds the workdir
 (`program.runtime.workdir_lock`; the message names its pid); 130 after a second SIGINT (stopped at
 once, unsaved step lost);
 128 + the signal's number for SIGTERM or SIGINT outside the training loop (start-up, or the
@@ -26,7 +30,13 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rlvr_jax.program.runtime import compilation, config_file, preemption, workdir_lock
+from rlvr_jax.program.runtime import (
+    compilation,
+    config_file,
+    preemption,
+    user_errors,
+    workdir_lock,
+)
 from rlvr_jax.program.settings import settings_from_config
 from rlvr_jax.program.stages import dispatch
 
@@ -53,6 +63,7 @@ _ALLOW_CHANGED = flags.DEFINE_bool(
     "was saved with (the group size, the data, the optimizer); they are listed either way.",
 )
 
+flags.DEFINE_bool(user_errors.VERBOSE_FLAG, False, user_errors.VERBOSE_HELP)
 _STEP = flags.DEFINE_integer(
     "step",
     -1,
@@ -88,10 +99,11 @@ def main(argv: list[str]) -> None:
     name = Path(flags.FLAGS["config"].config_filename.split(":")[0]).stem
     workdir = _WORKDIR.value or os.path.join("runs", name)
     primary = not _DISTRIBUTED.value or jax.process_index() == 0
+    settings = settings_from_config(config)  # a bad setting leaves no workdir behind
     try:
         with workdir_lock.hold(workdir, "training", enabled=primary):
             dispatch.run(
-                settings_from_config(config),
+                settings,
                 workdir,
                 allow_changed_settings=_ALLOW_CHANGED.value,
                 resume_step=None if _STEP.value < 0 else _STEP.value,
@@ -100,9 +112,8 @@ def main(argv: list[str]) -> None:
     except workdir_lock.WorkdirBusyError as e:
         print(f"main: {e}", file=sys.stderr)
         sys.exit(workdir_lock.BUSY_EXIT_STATUS)
-    except BaseException as e:  # noqa: BLE001 - every way out ends the process promptly
-        preemption.exit_after_error(e)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    # Every error, in flag parsing or in main, ends the process promptly: a user's as one line.
+    user_errors.run("main", main)

@@ -19,10 +19,11 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rlvr_jax.program.runtime import compilation
+from rlvr_jax.program.runtime import compilation, config_file, user_errors
 from rlvr_jax.program.studies import pipeline
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pipeline config file.")
+config_file.guard(_CONFIG)
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Where the stages, table and plot go (default: runs/<config name>)."
 )
@@ -32,6 +33,7 @@ _COMPILE_CACHE = flags.DEFINE_string(
     str(compilation.default_cache_dir()),
     compilation.CACHE_FLAG_HELP,
 )
+flags.DEFINE_bool(user_errors.VERBOSE_FLAG, False, user_errors.VERBOSE_HELP)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -50,4 +52,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    user_errors.run("pipeline", main)

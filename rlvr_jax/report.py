@@ -16,6 +16,7 @@ import argparse
 from collections.abc import Sequence
 
 from rlvr_jax.program.evals import plots
+from rlvr_jax.program.runtime import user_errors
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -33,4 +34,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    user_errors.call("report", main)

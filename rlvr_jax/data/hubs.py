@@ -9,21 +9,24 @@ recorded dataset lacks (`hub_splits`) is a `HubSplitError` before anything is im
 
 from __future__ import annotations
 
+from rlvr_jax.config_types import UserError
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.hub_splits import check_hf, check_tfds
 from rlvr_jax.data.load_report import LoadReport, collect
 from rlvr_jax.data.sources import example_from_row, spec_of
 
 
-class DataSourceError(RuntimeError):
+class DataSourceError(UserError, RuntimeError):
     """A hub source (Hugging Face `datasets`, TFDS) could not be imported or downloaded."""
 
 
 def _unavailable(what: str, name: str, cause: BaseException) -> DataSourceError:
+    # The first line of the cause: a library's own advice after it is for its own API.
+    reason = (str(cause).strip().splitlines() or [""])[0]
     return DataSourceError(
-        f"could not load {name!r} from {what} ({type(cause).__name__}: {cause}); pass a local "
-        f"JSONL path instead (e.g. --data_path=../shared/data/{name}/test.jsonl, see "
-        "../shared/data/README.md)"
+        f"could not load {name!r} from {what} ({type(cause).__name__}: {reason}); pass a local "
+        f"JSONL path instead (data.path=, or --data_path=, e.g. ../shared/data/{name}/test.jsonl, "
+        "see ../shared/data/README.md)"
     )
 
 

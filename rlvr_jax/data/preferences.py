@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from rlvr_jax.config_types import NotFoundError
 from rlvr_jax.data import datasets, jsonl, templates
 from rlvr_jax.data.datasets import LoadReport, MalformedRowError
 from rlvr_jax.data.example import Example
@@ -74,12 +75,12 @@ def load_preferences(path: str | Path) -> tuple[list[PreferencePair], LoadReport
       first lines of each skip reason.
 
     Raises:
-      FileNotFoundError: for a missing file.
+      NotFoundError: for a missing file.
       ValueError: for an empty file or one without a well-formed row.
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"preference file {str(path)!r} does not exist")
+        raise NotFoundError(f"preference file {str(path)!r} does not exist")
     return datasets._collect(  # noqa: SLF001 (the loaders' shared row counting)
         jsonl.read_rows(path),
         lambda line, row: _pair(row, path.stem, line - 1),

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import sentencepiece
 
+from rlvr_jax.config_types import NotFoundError
 from rlvr_jax.model import gguf, hf, loading
 
 if TYPE_CHECKING:
@@ -286,10 +287,10 @@ class Tokenizer:
         """Loads the tokenizer of a local Hugging Face checkpoint directory, chat template included.
 
         Raises:
-          FileNotFoundError: when `path` is not a directory.
+          NotFoundError: when `path` is not a directory.
         """
         if not Path(path).is_dir():
-            raise FileNotFoundError(f"tokenizer directory {str(path)!r} does not exist")
+            raise NotFoundError(f"tokenizer directory {str(path)!r} does not exist")
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
         # A generic tokenizer.json (ours from `from_characters`, saved next to a model's
@@ -351,7 +352,7 @@ class Tokenizer:
     ) -> Tokenizer:
         """Loads a sentencepiece `.model` file, with an optional jinja chat template."""
         if not Path(model_file).is_file():
-            raise FileNotFoundError(f"sentencepiece model {str(model_file)!r} does not exist")
+            raise NotFoundError(f"sentencepiece model {str(model_file)!r} does not exist")
         return cls(sentencepiece.SentencePieceProcessor(model_file=str(model_file)), chat_template)
 
     @classmethod

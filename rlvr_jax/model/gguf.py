@@ -23,6 +23,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from rlvr_jax.config_types import NotFoundError
 from rlvr_jax.model import weight_cache
 from rlvr_jax.model.config import ModelConfig, RopeScaling
 from rlvr_jax.model.hf import CheckpointError, hf_tensor_shapes, params_from_hf_tensors
@@ -109,7 +110,7 @@ def _file_key(path: str | os.PathLike) -> tuple[str, int, int]:
     replaced in place is parsed again."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"GGUF file {str(path)!r} does not exist")
+        raise NotFoundError(f"GGUF file {str(path)!r} does not exist")
     st = path.stat()
     return str(path.resolve()), st.st_size, st.st_mtime_ns
 
@@ -384,7 +385,7 @@ def embedded_model_path() -> Path:
 
     Raises:
       ModuleNotFoundError: when the package is not installed.
-      FileNotFoundError: when it holds no .gguf file.
+      NotFoundError: when it holds no .gguf file.
     """
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
@@ -401,5 +402,5 @@ def embedded_model_path() -> Path:
     )
     if not files:
         locations = list(spec.submodule_search_locations)
-        raise FileNotFoundError(f"package {EMBEDDED_PACKAGE!r} at {locations} holds no .gguf file")
+        raise NotFoundError(f"package {EMBEDDED_PACKAGE!r} at {locations} holds no .gguf file")
     return files[0]

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from rlvr_jax.config_types import NotFoundError, UserError
 from rlvr_jax.model.config import ModelConfig, from_hf_config, to_hf_config
 from rlvr_jax.model.lora import merge_lora
 from rlvr_jax.model.transformer import Layers, Params
@@ -42,7 +43,7 @@ _NP_TO_ST = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that does not match its config or is malformed."""
 
 
@@ -250,15 +251,15 @@ def resolve_checkpoint(path_or_id: str, allow_download: bool = True) -> Path:
     """A local checkpoint directory for a path, or for a hub id when the network allows.
 
     Raises:
-      FileNotFoundError: saying where to put the files when neither works.
+      NotFoundError: saying where to put the files when neither works.
     """
     p = Path(path_or_id).expanduser()
     if p.is_dir():
         return p
     if p.exists() or path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") != 1:
-        raise FileNotFoundError(f"checkpoint directory {str(p)!r} does not exist")
+        raise NotFoundError(f"checkpoint directory {str(p)!r} does not exist")
     if not allow_download:
-        raise FileNotFoundError(
+        raise NotFoundError(
             f"{path_or_id!r} is not a local directory and downloads are disabled; put its "
             "config.json, *.safetensors and tokenizer files in a directory and pass that path"
         )
@@ -270,19 +271,32 @@ def resolve_checkpoint(path_or_id: str, allow_download: bool = True) -> Path:
             allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"],
         )
     except Exception as e:  # Offline machines raise several different error types here.
-        raise FileNotFoundError(
-            f"could not fetch {path_or_id!r} from the Hugging Face hub ({type(e).__name__}: {e}). "
-            "Without network access, download it elsewhere (`huggingface-cli download "
-            f"{path_or_id} --local-dir DIR`), copy DIR here and pass its path instead"
-        ) from e
+        raise NotFoundError(_hub_failure(path_or_id, e)) from e
     return Path(local)
+
+
+def _hub_failure(hub_id: str, cause: Exception) -> str:
+    """Why `hub_id` could not be fetched, and the ways around it, in one paragraph."""
+    reason = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        network = "HF_HUB_OFFLINE is set and the hub's cache does not hold it: unset it"
+    else:
+        network = (
+            "connect to the network (or, with its files in the hub's cache, set HF_HUB_OFFLINE=1)"
+        )
+    return (
+        f"could not fetch {hub_id!r} from the Hugging Face hub ({type(cause).__name__}: {reason}); "
+        f"{network}, or pass a local directory in its place (model.source=DIR) holding its "
+        "config.json, *.safetensors and tokenizer files, e.g. from `huggingface-cli download "
+        f"{hub_id} --local-dir DIR` on a machine with network"
+    )
 
 
 def load_config(directory: str | os.PathLike, **overrides: Any) -> ModelConfig:
     """The `ModelConfig` of a checkpoint directory's config.json."""
     path = Path(directory) / "config.json"
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: not a Hugging Face checkpoint directory")
+        raise NotFoundError(f"{path} does not exist: not a Hugging Face checkpoint directory")
     with open(path) as f:
         try:
             hf = json.load(f)
@@ -304,7 +318,7 @@ def _tensor_index(directory: Path) -> dict[str, Path]:
         return files
     singles = sorted(directory.glob("*.safetensors"))
     if not singles:
-        raise FileNotFoundError(f"{directory} holds no *.safetensors file")
+        raise NotFoundError(f"{directory} holds no *.safetensors file")
     files = {}
     for fp in singles:
         for name in read_safetensors(fp):

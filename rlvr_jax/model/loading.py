@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 
+from rlvr_jax.config_types import NotFoundError
 from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import gguf, hf
 from rlvr_jax.model.config import ModelConfig
@@ -44,6 +45,6 @@ def load_model(source: str, seed: int = 0, **overrides: Any) -> tuple[Params, Mo
         return init_params(jax.random.key(seed), cfg), cfg
     if source.endswith(".gguf"):
         if not Path(source).is_file():
-            raise FileNotFoundError(f"GGUF file {source!r} does not exist")
+            raise NotFoundError(f"GGUF file {source!r} does not exist")
         return gguf.load_gguf(source, **overrides)
     return hf.load_hf(source, **overrides)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import jax
 import ml_collections
 
-from rlvr_jax.config_types import ConfigError, from_config
+from rlvr_jax.config_types import ConfigError, NotFoundError, from_config
 from rlvr_jax.data import curriculum as curriculum_lib
 from rlvr_jax.data import hub_splits, sources
 from rlvr_jax.data import modes as modes_lib
@@ -483,11 +483,11 @@ def load_settings(workdir: str | Path) -> Settings:
     """The settings `save_settings` wrote into `workdir`.
 
     Raises:
-      FileNotFoundError: when the workdir holds no settings file.
+      NotFoundError: when the workdir holds no settings file.
     """
     path = Path(workdir) / SETTINGS_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: {str(workdir)!r} is not a run's workdir")
+        raise NotFoundError(f"{path} does not exist: {str(workdir)!r} is not a run's workdir")
     return settings_from_config(json.loads(path.read_text()), check_devices=False)
 
 

@@ -44,6 +44,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from rlvr_jax.config_types import UserError
 from rlvr_jax.rewards import sandbox_fs, sandbox_limits
 from rlvr_jax.rewards.sandbox_limits import SandboxLimits
 
@@ -99,7 +100,7 @@ print(json.dumps(found))
 """
 
 
-class SandboxUnavailableError(ValueError):
+class SandboxUnavailableError(UserError, ValueError):
     """The chosen backend cannot start on this host; the message names the reason and the fix."""
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlvr_jax.config_types import NotFoundError
 from rlvr_jax.data import datasets, jsonl, templates
 from rlvr_jax.data.datasets import LoadReport, MalformedRowError
 from rlvr_jax.data.example import Example
@@ -101,12 +102,12 @@ def load_demonstrations(
       (demonstrations in file order, report); `report.summary()` is the line for the log.
 
     Raises:
-      FileNotFoundError: for a missing file.
+      NotFoundError: for a missing file.
       ValueError: for an empty file or one without a well-formed row.
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"demonstrations file {str(path)!r} does not exist")
+        raise NotFoundError(f"demonstrations file {str(path)!r} does not exist")
     fields = (prompt_field, response_field) if prompt_field else None
     return datasets._collect(  # noqa: SLF001 (the loaders' shared row counting)
         jsonl.read_rows(path),  # noqa: SLF001

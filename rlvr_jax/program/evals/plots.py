@@ -22,6 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from rlvr_jax.config_types import NotFoundError
 from rlvr_jax.program.runtime import metrics, useful
 
 Records = Sequence[Mapping[str, Any]]
@@ -268,7 +269,10 @@ def make_report(
     records = metrics.read_metrics(workdir)
     rows = metrics.step_rows(records)
     if not rows:
-        raise FileNotFoundError(f"no training steps in {workdir / metrics.METRICS_FILE}")
+        path = workdir / metrics.METRICS_FILE
+        if path.is_file():
+            raise NotFoundError(f"{path} holds no training step yet")
+        raise NotFoundError(f"{path} does not exist: {str(workdir)!r} is not a run's workdir")
     out_dir = Path(out_dir) if out_dir is not None else workdir / "plots"
     out_dir.mkdir(parents=True, exist_ok=True)
     written = {}

@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from rlvr_jax.config_types import ConfigError
+from rlvr_jax.config_types import ConfigError, NotFoundError
 from rlvr_jax.data import datasets, modes
 from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer, load_tokenizer
@@ -183,18 +183,20 @@ def restore_policy(
       (params, model config, tokenizer, the run's settings, the step of the checkpoint read).
 
     Raises:
-      FileNotFoundError: for a workdir without settings or without a checkpoint.
+      NotFoundError: for a workdir without settings or without a checkpoint.
       CheckpointError: `step` does not exist (the message lists the steps that do), or it is
         unreadable, or (with no step) every checkpoint is.
     """
     workdir = Path(workdir)
     settings = load_settings(workdir)
+    if not (workdir / CHECKPOINTS).is_dir():  # said before the checkpoint library says more
+        raise NotFoundError(f"{workdir / CHECKPOINTS} holds no checkpoint (it does not exist)")
     tok = build_tokenizer(settings.model)
     cfg = policy_config(settings.model, tok)
     ckpt = ckpt_lib.Checkpointer(workdir / CHECKPOINTS, every_steps=0, read_only=True)
     try:
         if ckpt.latest_step() is None:
-            raise FileNotFoundError(f"{workdir / CHECKPOINTS} holds no checkpoint")
+            raise NotFoundError(f"{workdir / CHECKPOINTS} holds no checkpoint")
         optimizer = state_lib.make_optimizer(settings.optim)
 
         # A checkpoint of a LoRA run may hold its adapters only: the base is loaded here.

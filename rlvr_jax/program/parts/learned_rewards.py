@@ -15,7 +15,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax.config_types import ConfigError
+from rlvr_jax.config_types import ConfigError, NotFoundError
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.learned_rewards import with_learned_rewards
 from rlvr_jax.envs.task import Task
@@ -52,7 +52,7 @@ def restore_reward_model(
 
     Raises:
       ConfigError: `workdir` is not a reward-model run's workdir.
-      FileNotFoundError: it holds no checkpoint.
+      NotFoundError: it holds no checkpoint.
     """
     workdir = Path(workdir)
     if not (workdir / "settings.json").is_file():
@@ -73,7 +73,7 @@ def restore_reward_model(
     ckpt = ckpt_lib.Checkpointer(workdir / build.CHECKPOINTS, every_steps=0, read_only=True)
     try:
         if ckpt.latest_step() is None:
-            raise FileNotFoundError(f"{workdir / build.CHECKPOINTS} holds no checkpoint")
+            raise NotFoundError(f"{workdir / build.CHECKPOINTS} holds no checkpoint")
         state, _ = ckpt.restore(jax.eval_shape(init))
         step = ckpt.restored_step
     finally:

@@ -48,7 +48,11 @@ from etils import epath
 from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.program.runtime import checkpoint_layout as layout
 from rlvr_jax.program.runtime import checkpoint_threads
-from rlvr_jax.program.runtime.checkpoint_layout import CheckpointError, CorruptCheckpointError
+from rlvr_jax.program.runtime.checkpoint_layout import (
+    CheckpointError,
+    CorruptCheckpointError,
+    MissingCheckpointError,
+)
 from rlvr_jax.rl.state import TrainState
 
 FORMAT_VERSION = 1
@@ -411,10 +415,10 @@ class Checkpointer:
         steps = self.all_steps()
         if step is None:
             if not steps:
-                raise CheckpointError(f"no checkpoint in {self.directory}")
+                raise MissingCheckpointError(f"no checkpoint in {self.directory}")
             return steps[-1]
         if step not in steps:
-            raise CheckpointError(
+            raise MissingCheckpointError(
                 f"no checkpoint for step {step} in {self.directory}; available steps: {steps}"
             )
         return step

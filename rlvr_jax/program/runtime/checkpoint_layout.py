@@ -15,12 +15,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlvr_jax.config_types import UserError
 from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.rl.state import TrainState
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or restored; the message names the path and step."""
+
+
+class MissingCheckpointError(CheckpointError, UserError):
+    """No checkpoint in the directory, or none of the step asked for (the message lists those
+    there are): the user named the wrong run or step."""
 
 
 class CorruptCheckpointError(CheckpointError):

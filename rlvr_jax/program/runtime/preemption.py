@@ -13,7 +13,8 @@ point's handlers (`install_outside_loop`) end the process with status 128 + the 
 and a message that says what is saved: during start-up nothing this process trained, after the
 loop the step it saved (`loop_ended`).
 
-`exit_after_error` is the entry points' error path: it reports the error, flushes, and exits
+`exit_after_error` is the entry points' error path (after `user_errors`, which says a user's
+error in one line and ends with status 2 through it): it reports the error, flushes, and exits
 with a non-zero status even when a library left a non-daemon thread waiting forever (orbax's
 background savers after a failed save): after `EXIT_GRACE_S` the process ends regardless.
 """
