@@ -30,6 +30,11 @@ class ConfigError(UserError, ValueError):
     """An unknown, missing, mistyped or inconsistent setting; the message names it."""
 
 
+class MissingPackageError(UserError, ModuleNotFoundError):
+    """An optional package that the asked-for setting needs is not installed; the message names
+    the `pip install` that adds it."""
+
+
 class NotFoundError(UserError, FileNotFoundError):
     """A file, directory, run, checkpoint or hub id the user named is not there (or, for a hub
     id, cannot be reached); the message names it and what to pass instead."""

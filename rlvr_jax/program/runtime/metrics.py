@@ -40,6 +40,7 @@ from typing import Any, TextIO
 import jax
 import numpy as np
 
+from rlvr_jax.config_types import MissingPackageError
 from rlvr_jax.program.runtime import event_files, ledger
 from rlvr_jax.program.runtime.event_files import MetricsWriteError
 from rlvr_jax.program.runtime.ledger import (
@@ -211,7 +212,7 @@ def _import_wandb() -> Any:
     try:
         import wandb
     except ImportError as e:
-        raise ImportError(
+        raise MissingPackageError(
             "use_wandb=True but the `wandb` package is not installed; `pip install wandb` or "
             "turn W&B logging off"
         ) from e
