@@ -144,6 +144,24 @@ def sampling_params(
       ValueError: naming the first value outside its range: temperature must be > 0 and finite,
         top_p in (0, 1], min_p in [0, 1).
     """
+    t, p, m = check_sampling_values(num_rows, temperature, top_p, min_p)
+    return SamplingParams(jnp.asarray(t), jnp.asarray(p), jnp.asarray(m))
+
+
+def check_sampling_values(
+    num_rows: int,
+    temperature: float | Sequence[float] = 1.0,
+    top_p: float | Sequence[float] = 1.0,
+    min_p: float | Sequence[float] = 0.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`sampling_params`'s checks, on the host: the (num_rows,) temperature, top_p and min_p.
+
+    Settings validated at import time use this one: a jax array would start the backend there,
+    before `jax.distributed.initialize` can run.
+
+    Raises:
+      ValueError: as `sampling_params`.
+    """
 
     def rows(name: str, value, ok, rule: str) -> np.ndarray:
         arr = np.asarray(value, np.float32)
@@ -160,4 +178,4 @@ def sampling_params(
         t = rows("temperature", temperature, lambda a: (a > 0) & np.isfinite(a), "(0, inf)")
         p = rows("top_p", top_p, lambda a: (a > 0) & (a <= 1), "(0, 1]")
         m = rows("min_p", min_p, lambda a: (a >= 0) & (a < 1), "[0, 1)")
-    return SamplingParams(jnp.asarray(t), jnp.asarray(p), jnp.asarray(m))
+    return t, p, m

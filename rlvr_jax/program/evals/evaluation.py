@@ -32,7 +32,7 @@ from rlvr_jax.program.evals import eval_metrics
 from rlvr_jax.program.parts.build import sampler_config
 from rlvr_jax.program.settings import DataSettings, Settings
 from rlvr_jax.rl import multiturn
-from rlvr_jax.sampling.config import SamplerConfig, sampling_params
+from rlvr_jax.sampling.config import SamplerConfig, check_sampling_values, sampling_params
 from rlvr_jax.sampling.host import generate_in_batches
 from rlvr_jax.types import FINISH_LENGTH, Rollout
 
@@ -69,7 +69,7 @@ class EvalOptions:
             )
         if any(k < 1 for k in self.ks):
             raise ValueError(f"ks={self.ks} must be positive")
-        sampling_params(1, self.temperature, self.top_p)  # validates the values
+        check_sampling_values(1, self.temperature, self.top_p)
 
 
 def check_named(specs: Sequence[str], data_path: str, split: str) -> None:
