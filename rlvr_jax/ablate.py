@@ -23,6 +23,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Ablation config file.
 config_file.guard(_CONFIG)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the runs, table and plots go.")
 _PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Refused: a study runs in one process (see rlvr_jax.main)."
+)
 _COMPILE_CACHE = flags.DEFINE_string(
     "compile_cache",
     str(compilation.default_cache_dir()),
@@ -33,6 +36,11 @@ flags.DEFINE_bool(user_errors.VERBOSE_FLAG, False, user_errors.VERBOSE_HELP)
 
 def main(argv: Sequence[str]) -> None:
     del argv
+    if _DISTRIBUTED.value:
+        raise app.UsageError(
+            "--distributed: rlvr_jax.ablate runs its study in one process; to train over "
+            "several, run python -m rlvr_jax.main --distributed"
+        )
     # Orbax logs every checkpoint stage at INFO; the table and the ledgers are the study's log.
     logging.set_verbosity(logging.WARNING)
     if _CONFIG.value is None or not _WORKDIR.value:

@@ -52,6 +52,11 @@ config_file.guard(
     config_flags.DEFINE_config_file("config", None, "Experiment config file (with --source).")
 )
 flags.DEFINE_string("workdir", None, "A run's workdir: evaluates its checkpoint.")
+flags.DEFINE_bool(
+    "distributed",
+    False,
+    "Refused: the evaluation runs in one process; it reads a --distributed run's checkpoints.",
+)
 flags.DEFINE_string("source", "", "With --config: the model source to evaluate.")
 flags.DEFINE_integer(
     "step",
@@ -90,6 +95,11 @@ flags.DEFINE_bool(user_errors.VERBOSE_FLAG, False, user_errors.VERBOSE_HELP)
 
 def main(argv: list[str]) -> None:
     del argv
+    if flags.FLAGS.distributed:
+        raise app.UsageError(
+            "--distributed: rlvr_jax.eval runs in one process; run it on one host (worker 0 of "
+            "a slice), where it reads the checkpoints of a run that trained over several"
+        )
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore stage at INFO
     f = flags.FLAGS
     compilation.enable_cache(f.compile_cache)

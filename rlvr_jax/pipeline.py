@@ -28,6 +28,9 @@ _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Where the stages, table and plot go (default: runs/<config name>)."
 )
 _PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Refused: a pipeline runs in one process (see rlvr_jax.main)."
+)
 _COMPILE_CACHE = flags.DEFINE_string(
     "compile_cache",
     str(compilation.default_cache_dir()),
@@ -38,6 +41,11 @@ flags.DEFINE_bool(user_errors.VERBOSE_FLAG, False, user_errors.VERBOSE_HELP)
 
 def main(argv: Sequence[str]) -> None:
     del argv
+    if _DISTRIBUTED.value:
+        raise app.UsageError(
+            "--distributed: rlvr_jax.pipeline runs in one process; to train over several, run "
+            "each stage with python -m rlvr_jax.main --distributed"
+        )
     # Orbax logs every checkpoint stage at INFO; the stages' ledgers and the table are the log.
     logging.set_verbosity(logging.WARNING)
     if _CONFIG.value is None:
