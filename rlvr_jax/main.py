@@ -6,6 +6,10 @@ config names (`program.stages.dispatch`): RL (`train.stage="rl"`, the default), 
 fine-tuning on demonstrations (`train.stage="sft"`) or a reward model on preference pairs
 (`train.stage="rm"`).
 
+With `--distributed` it is one of several processes (TPU pod workers, GPU hosts) that train one
+run on one mesh over all their devices: the same command on each, with `--coordinator`,
+`--num_processes` and `--process_id` where jax cannot find them itself (docs/scaling.md).
+
 Exit statuses: 0 when the run reached its last step, or stopped after a SIGTERM or SIGINT with
 that step saved (the same command resumes); 1 for any other error, with its traceback (a bug, or
 a fault of the machine such as a read-only workdir or a failed save); 2 for an error in what was
@@ -48,7 +52,25 @@ _WORKDIR = flags.DEFINE_string(
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed",
     False,
-    "Call jax.distributed.initialize() (multi-host TPU pods and GPU clusters).",
+    "One of several processes that train together (a TPU pod slice, a GPU cluster): calls "
+    "jax.distributed.initialize(), which finds the coordinator, the process count and this "
+    "process's id on TPU pods, under SLURM and Open MPI; elsewhere give them with "
+    "--coordinator (or JAX_COORDINATOR_ADDRESS), --num_processes and --process_id.",
+)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator",
+    None,
+    "With --distributed: HOST:PORT of process 0's coordinator service, the same on every process "
+    "(default: JAX_COORDINATOR_ADDRESS, or found by jax on TPU pods and SLURM).",
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "With --distributed: how many processes train together.", lower_bound=1
+)
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id",
+    None,
+    "With --distributed: this process's id, 0 to num_processes-1.",
+    lower_bound=0,
 )
 _PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
 _COMPILE_CACHE = flags.DEFINE_string(
@@ -79,6 +101,33 @@ _REEVALUATE = flags.DEFINE_bool(
 )
 
 
+def _initialize_distributed() -> None:
+    """`jax.distributed.initialize` with what the flags give (None: jax finds it), under
+    --distributed; the process flags without it are a usage error."""
+    given = {
+        f"--{name}": flag.value
+        for name, flag in (
+            ("coordinator", _COORDINATOR),
+            ("num_processes", _NUM_PROCESSES),
+            ("process_id", _PROCESS_ID),
+        )
+        if flag.value is not None
+    }
+    if not _DISTRIBUTED.value:
+        if given:
+            raise app.UsageError(
+                f"{' '.join(f'{k}={v}' for k, v in given.items())}: these set up a run over "
+                "several processes; add --distributed"
+            )
+        return
+    num, pid = _NUM_PROCESSES.value, _PROCESS_ID.value
+    if num is not None and pid is not None and pid >= num:
+        raise app.UsageError(f"--process_id={pid} must be below --num_processes={num}")
+    jax.distributed.initialize(
+        coordinator_address=_COORDINATOR.value, num_processes=num, process_id=pid
+    )
+
+
 def main(argv: list[str]) -> None:
     del argv
     # Loading and compiling take minutes on a large model: a termination signal then ends the run
@@ -90,8 +139,7 @@ def main(argv: list[str]) -> None:
     if _PLATFORM.value:
         jax.config.update("jax_platforms", _PLATFORM.value)
     compilation.enable_cache(_COMPILE_CACHE.value)
-    if _DISTRIBUTED.value:
-        jax.distributed.initialize()
+    _initialize_distributed()
 
     config = _CONFIG.value
     if config is None:

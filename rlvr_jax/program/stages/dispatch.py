@@ -1,16 +1,25 @@
-"""One entry to run a stage: `run(settings, workdir)` dispatches on `settings.train.stage`."""
+"""One entry to run a stage: `run(settings, workdir)` dispatches on `settings.train.stage`.
+
+Only the RL stage runs over several processes (`main --distributed`): its state and batches live
+on the mesh of every process's devices. The SFT and reward-model stages train on one device of
+one process.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
+import jax
+
+from rlvr_jax.config_types import ConfigError
 from rlvr_jax.program.runtime import finished
 from rlvr_jax.program.runtime.run import GREEDY_UNIT
 from rlvr_jax.program.settings import Settings
 from rlvr_jax.program.stages import rl_stage, rm_stage, sft_stage
 
 STAGES = {"rl": rl_stage.run, "sft": sft_stage.run, "rm": rm_stage.run}
+MULTI_PROCESS = ("rl",)
 # What each stage's evaluation counts and measures, and what it writes after that evaluation.
 EVAL_UNITS = {"rl": GREEDY_UNIT, "sft": GREEDY_UNIT, "rm": rm_stage.EVAL_UNIT}
 WRITTEN_AFTER_FINAL = {"sft": sft_stage.written_after_final}
@@ -39,8 +48,17 @@ def run(
     logged and returned as {"eval_before", "eval_after", "steps", "resumed_from", "finished"}
     before anything is loaded. Otherwise the stage restores the newest checkpoint and, at its
     last step already, evaluates it again.
+
+    Raises:
+      ConfigError: a stage other than RL in a run of several processes.
     """
     stage = settings.train.stage
+    if jax.process_count() > 1 and stage not in MULTI_PROCESS:
+        raise ConfigError(
+            f"train.stage={stage!r} trains in one process, on one device; this run has "
+            f"{jax.process_count()} processes: run it without --distributed, on one host (the "
+            "RL stage that follows can train over several)"
+        )
     if skip_finished and resume_step is None:
         written = WRITTEN_AFTER_FINAL.get(stage)
         done = finished.find(workdir, settings, written(settings, workdir) if written else ())
