@@ -217,6 +217,130 @@ def test_launch_needs_a_config():
     assert result.stdout == ""
 
 
+# (ACCEL, workers): TensorCores for v2-v5p, 8 to a host; chips for v5e and v6e, 4 to a host
+# beyond a single 8-chip one.
+SLICES = [
+    ("v4-8", 1),
+    ("v4-16", 2),
+    ("v4-32", 4),
+    ("v3-32", 4),
+    ("v5p-8", 1),
+    ("v5p-128", 16),
+    ("v5litepod-4", 1),
+    ("v5litepod-8", 1),
+    ("v5litepod-16", 4),
+    ("v6e-8", 1),
+    ("v6e-64", 16),
+]
+
+
+def _trainer_call(argv, worker):
+    worker.clone()
+    result, calls = worker("bash", remote_command(argv))
+    assert result.returncode == 0, result.stderr
+    (call,) = calls
+    return call
+
+
+@pytest.mark.parametrize(("accel", "workers"), SLICES)
+def test_launch_is_distributed_on_a_slice_of_several_workers(accel, workers, worker):
+    out = dry_run("launch.sh", "configs/tiny.py", "runs/x", "--", "--a=1", env={"ACCEL": accel})
+    (argv,) = printed_commands(out.stdout, worker.markers)
+    distributed = ["--distributed"] if workers > 1 else []
+    assert _trainer_call(argv, worker) == [
+        "python",
+        "-m",
+        "rlvr_jax.main",
+        "--config=configs/tiny.py",
+        "--workdir=runs/x",
+        *distributed,
+        "--a=1",
+    ]
+
+
+@pytest.mark.parametrize(("workers", "distributed"), [("1", False), ("2", True), ("64", True)])
+def test_launch_workers_setting_overrides_the_accelerator(workers, distributed, worker):
+    env = {"ACCEL": "v4-32", "WORKERS": workers}
+    (argv,) = printed_commands(dry_run("launch.sh", "c.py", env=env).stdout, worker.markers)
+    assert ("--distributed" in _trainer_call(argv, worker)) == distributed
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"ACCEL": "v9z-8"}, "ACCEL=v9z-8"),
+        ({"ACCEL": "v4"}, "ACCEL=v4"),
+        ({"WORKERS": "0"}, "WORKERS=0"),
+        ({"WORKERS": "two"}, "WORKERS=two"),
+        ({"WORKERS": "2; touch x"}, "WORKERS=2; touch x"),
+    ],
+)
+def test_launch_refuses_a_worker_count_it_cannot_tell(env, named, tmp_path):
+    result = dry_run("launch.sh", "configs/tiny.py", env=env, check=False)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert named in result.stderr and "WORKERS" in result.stderr
+
+
+FAKE_GCLOUD = """#!{python}
+import json, os, sys
+with open(os.environ["FAKE_CALLS"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+if "describe" in sys.argv:
+    print(os.environ["FAKE_ENDPOINTS"])
+"""
+
+
+def launch_with_gcloud(tmp_path, endpoints, *args):
+    """launch.sh without --dry-run, against a stand-in gcloud that records its arguments and
+    describes a VM with the network endpoints `endpoints` (';'-separated, as gcloud prints
+    them). Returns (the CompletedProcess, the recorded gcloud calls)."""
+    bin_dir = tmp_path / "gcloud_bin"
+    bin_dir.mkdir()
+    gcloud = bin_dir / "gcloud"
+    gcloud.write_text(FAKE_GCLOUD.format(python=sys.executable))
+    gcloud.chmod(0o755)
+    calls = tmp_path / "gcloud_calls.jsonl"
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "LC_ALL": "C",
+        "FAKE_CALLS": str(calls),
+        "FAKE_ENDPOINTS": endpoints,
+        "TPU_NAME": "pod",
+        "ZONE": "z",
+    }
+    result = subprocess.run(
+        ["bash", str(SCRIPTS / "launch.sh"), "configs/tiny.py", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    recorded = [json.loads(x) for x in calls.read_text().splitlines()] if calls.exists() else []
+    return result, recorded
+
+
+@pytest.mark.parametrize(
+    ("endpoints", "distributed"), [("10.0.0.2", False), ("10.0.0.2;10.0.0.3;10.0.0.4", True)]
+)
+def test_launch_asks_gcloud_how_many_workers_the_vm_has(endpoints, distributed, tmp_path):
+    # ACCEL is left at its single-host default: the VM's own description decides.
+    result, calls = launch_with_gcloud(tmp_path, endpoints)
+    assert result.returncode == 0, result.stderr
+    describe, ssh = calls
+    assert describe[:6] == ["compute", "tpus", "tpu-vm", "describe", "pod", "--zone=z"]
+    assert describe[-1] == "--format=value(networkEndpoints[].ipAddress)"
+    assert ssh[:5] == ["compute", "tpus", "tpu-vm", "ssh", "pod"] and "--worker=all" in ssh
+    assert (" '--distributed' " in remote_command(ssh)) == distributed
+
+
+def test_launch_refuses_a_vm_gcloud_lists_no_worker_of(tmp_path):
+    result, calls = launch_with_gcloud(tmp_path, "")
+    assert result.returncode == 2
+    assert "no worker of TPU VM pod" in result.stderr and "WORKERS" in result.stderr
+    assert [c[3] for c in calls] == ["describe"]  # nothing launched
+
+
 @pytest.mark.parametrize("shell", SHELLS)
 @pytest.mark.parametrize("index", range(len(PAYLOADS)))
 def test_setup_clones_the_url_as_one_word(shell, index, worker):

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Launches the trainer on every worker at once (multi-host runs call jax.distributed.initialize()).
+# Launches the trainer on every worker at once. On a slice of several workers (slice_workers in
+# common.sh) it passes --distributed: the workers' processes then train as one run
+# (jax.distributed.initialize() finds them), and WORKDIR must be a directory every worker sees
+# (docs/scaling.md).
 #   tpu_scripts/launch.sh [--dry-run] CONFIG [WORKDIR] [-- extra absl flags]
 # Output goes to ~/rlvr_jax/WORKDIR/log.txt on each worker; fetch it with fetch_logs.sh.
 set -euo pipefail
@@ -23,6 +26,11 @@ fi
 # Every piece taken from the command line is quoted for the worker's shell (see shell_quote), so
 # each arrives there as exactly one argument, whatever spaces, quotes or ';' it holds.
 q_workdir="$(shell_quote "$workdir")"
-q_args="$(shell_quote "--config=$config" "--workdir=$workdir" ${1+"$@"})"
+workers="$(slice_workers)"
+distributed=()
+if ((workers > 1)); then
+  distributed=(--distributed)
+fi
+q_args="$(shell_quote "--config=$config" "--workdir=$workdir" ${distributed[@]+"${distributed[@]}"} ${1+"$@"})"
 on_all_workers "cd ~/rlvr_jax && . ~/venv/bin/activate && mkdir -p -- $q_workdir && \
 nohup python -m rlvr_jax.main $q_args > $q_workdir/log.txt 2>&1 &"
