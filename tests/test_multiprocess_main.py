@@ -9,10 +9,12 @@ runs under a deadline; when one process fails or the deadline passes, every proc
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -55,15 +57,29 @@ def _env(local_devices: int) -> dict[str, str]:
     return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), XLA_FLAGS=" ".join(flags))
 
 
-def _run(workdir: Path, logs: Path, overrides, *flags: str, processes: int = 1) -> list[str]:
+def _run(
+    workdir: Path,
+    logs: Path,
+    overrides,
+    *flags: str,
+    processes: int = 1,
+    during: Callable[[list[subprocess.Popen]], None] | None = None,
+    statuses: Sequence[int] | None = None,
+) -> list[str]:
     """Runs main as `processes` processes (one: not distributed) sharing the 8 devices; returns
-    each one's output. Fails, with every output, when a process exits with an error; kills all of
-    them then, or after `DEADLINE_S`."""
+    each one's output.
+
+    `during(processes)`, when given, runs once they have started (a fault to inject); then each
+    process must end by itself with its status in `statuses` (default: 0 for all). Without it, a
+    process that fails ends the others at once (they would wait in a collective). Fails, with
+    every output, on another status; every process still running after `DEADLINE_S` is killed.
+    """
     port = _free_port()
     cmd = [sys.executable, "-m", "rlvr_jax.main", f"--config={TINY}", f"--workdir={workdir}"]
     cmd += [f"--config.{o}" for o in overrides] + [f"--compile_cache={logs / 'cache'}", *flags]
     logs.mkdir(parents=True, exist_ok=True)
-    files = [logs / f"{workdir.name}-{len(list(logs.iterdir()))}-{i}.log" for i in range(processes)]
+    launch = len(list(logs.glob(f"{workdir.name}-*-0.log")))  # this workdir's launches so far
+    files = [logs / f"{workdir.name}-{launch}-{i}.log" for i in range(processes)]
     procs = []
     try:
         for i, path in enumerate(files):
@@ -84,9 +100,10 @@ def _run(workdir: Path, logs: Path, overrides, *flags: str, processes: int = 1) 
                     )
                 )
         deadline = time.monotonic() + DEADLINE_S
-        while any(p.poll() is None for p in procs):
-            # One failed process leaves the others waiting in a collective: stop at once.
-            if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
+        if during is not None:
+            during(procs)
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if during is None and any(p.poll() not in (None, 0) for p in procs):
                 break
             time.sleep(0.2)
     finally:
@@ -99,8 +116,31 @@ def _run(workdir: Path, logs: Path, overrides, *flags: str, processes: int = 1) 
         f"--- process {i}: exit {p.returncode}\n{out}"
         for i, (p, out) in enumerate(zip(procs, outs, strict=True))
     )
-    assert len(procs) == processes and all(p.returncode == 0 for p in procs), report
+    want = list(statuses) if statuses is not None else [0] * processes
+    assert [p.returncode for p in procs] == want, report
     return outs
+
+
+def _at_step(workdir: Path, step: int, signum: int, process: int):
+    """A `during` for `_run`: waits for the ledger's row of `step`, then sends `signum` to
+    `process`."""
+
+    def during(procs: list[subprocess.Popen]) -> None:
+        path = workdir / "metrics.jsonl"
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            if path.exists() and step in _steps_written(path):
+                procs[process].send_signal(signum)
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"step {step} was not reached")
+
+    return during
+
+
+def _steps_written(path: Path) -> set[int]:
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")]
+    return {r["step"] for r in rows if r.get("record", "step") == "step"}
 
 
 def _ledger(workdir: Path) -> dict[tuple[str, int], dict]:
@@ -174,6 +214,53 @@ def test_two_processes_on_the_host_verifier_path_train_like_one(tmp_path):
     _assert_same(_ledger(tmp_path / "two"), want, want)
 
 
+# Long enough for a signal to land in the loop; checkpoints every 2 steps.
+ENDLESS = ("train.steps=100000", "train.checkpoint_every=2", "train.log_every=1")
+
+
+@pytest.mark.slow
+def test_a_stop_signal_on_one_process_stops_both_at_one_saved_step(tmp_path):
+    logs, two = tmp_path / "logs", tmp_path / "two"
+    # SIGTERM to process 1: process 0, which writes the ledger, did not receive it.
+    outs = _run(two, logs, ENDLESS, processes=2, during=_at_step(two, 3, signal.SIGTERM, 1))
+    stopped = [[x for x in out.splitlines() if x.startswith("stopped at step ")] for out in outs]
+    (own,), (other,) = stopped[1], stopped[0]
+    step = int(own.split()[3])
+    assert own.startswith(f"stopped at step {step} by SIGTERM: checkpoint step {step} is saved")
+    assert other.startswith(f"stopped at step {step} by a stop signal on another process")
+    assert step >= 3 and _steps(_ledger(two)) == list(range(1, step + 1))
+    assert str(step) in [p.name for p in (two / "checkpoints").iterdir()]
+
+    # The same command on both resumes; two more steps.
+    more = ("train.steps=" + str(step + 2), *ENDLESS[1:])
+    for out in _run(two, logs, more, processes=2):
+        assert f"resumed from step {step}" in out
+    assert _steps(_ledger(two)) == list(range(1, step + 3))
+
+
+@pytest.mark.slow
+def test_a_killed_process_ends_the_other_then_both_resume(tmp_path):
+    logs, two = tmp_path / "logs", tmp_path / "two"
+    # SIGKILL to process 1 mid-run: process 0's next collective fails and it exits with an error,
+    # by itself (`_run` kills only what outlives its deadline).
+    outs = _run(
+        two,
+        logs,
+        ENDLESS,
+        processes=2,
+        during=_at_step(two, 3, signal.SIGKILL, 1),
+        statuses=[1, -signal.SIGKILL],
+    )
+    assert "JaxRuntimeError" in outs[0] and "Gloo" in outs[0], outs[0]  # a collective failed
+    saved = sorted(int(p.name) for p in (two / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved and saved[-1] >= 2
+    # Both resume from the newest complete checkpoint and reach the end, each step's row once.
+    end = ("train.steps=" + str(saved[-1] + 2), *ENDLESS[1:])
+    for out in _run(two, logs, end, processes=2):
+        assert f"resumed from step {saved[-1]}" in out
+    assert _steps(_ledger(two)) == list(range(1, saved[-1] + 3))
+
+
 def test_main_leaves_the_backend_to_jax_distributed():
     """Importing main and loading a config start no JAX backend, which would make
     `jax.distributed.initialize` (the first thing `main --distributed` runs) fail."""
@@ -215,7 +302,7 @@ def test_entry_points_of_one_process_refuse_distributed(module, says, tmp_path):
         text=True,
         timeout=120,
     )
-    assert result.returncode == 1
+    assert result.returncode == 2  # a user error: one line
     assert f"--distributed: {says}" in result.stderr
     assert not any(tmp_path.iterdir())
 
@@ -240,7 +327,7 @@ def test_main_refuses_process_flags_that_cannot_start(flags, says, tmp_path):
     result = subprocess.run(
         cmd + flags, cwd=REPO, env=_env(1), capture_output=True, text=True, timeout=120
     )
-    assert result.returncode == 1
+    assert result.returncode == 2  # a user error: one line
     assert says in result.stderr
     assert not any(tmp_path.iterdir())
 
