@@ -13,7 +13,7 @@ from typing import Any
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "qwen2_moe", "qwen3_moe")
 MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla_blockwise", "dense", "cudnn", "pallas")
-MOE_DISPATCHES = ("ragged", "blocked", "dense")
+MOE_DISPATCHES = ("auto", "ragged", "blocked", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +65,10 @@ class ModelConfig:
         checkpoints set it; Qwen2-MoE's do not).
       shared_expert_dim: inner width of Qwen2-MoE's shared expert, a SwiGLU MLP every token
         passes through, scaled by a sigmoid gate (`shared_expert_intermediate_size`); 0: none.
-      moe_dispatch: how tokens reach their experts (`model/moe.py`): "ragged" (tokens sorted by
-        expert, one grouped matmul per weight, no token dropped) or "dense" (every expert on
-        every token, weighted by the routing: the reference, E / k times the expert FLOPs).
+      moe_dispatch: how tokens reach their experts (`model/moe.py`; none drops a token):
+        "ragged" (tokens sorted by expert, one grouped matmul per weight), "blocked" (sorted
+        tokens in blocks of one expert's, a batched matmul), "dense" (every expert on every
+        token: the reference) or "auto" ("blocked" on CPU, "ragged" on TPU and GPU).
     """
 
     model_type: str
@@ -95,7 +96,7 @@ class ModelConfig:
     moe_mlp_dim: int = 0
     norm_topk_prob: bool = False
     shared_expert_dim: int = 0
-    moe_dispatch: str = "ragged"
+    moe_dispatch: str = "auto"
 
     @property
     def is_moe(self) -> bool:

@@ -10,20 +10,26 @@ sigmoid(h @ w_shared_router).
 Expert weights are stacked (L, E, ...) so that a mesh axis can split them on E (the logical axis
 "expert", `model/sharding.py`).
 
-Dispatch (`cfg.moe_dispatch`):
+Dispatch (`cfg.moe_dispatch`). All three are dropless: every token reaches its k experts,
+whatever the rest of the batch routes, so a token's output depends on that token only and the
+rollout (a few tokens per row per decode step) and the update (whole sequences) compute the same
+function. A capacity-based dispatch drops the tokens past an expert's capacity, and which ones
+depends on the batch: the sampled and the trained policy would differ. Each sorts the N x k
+(token, expert) assignments by expert, runs the experts, puts the results back in token order
+and sums them with the routing weights:
 
-* "ragged": the N x k (token, expert) assignments sorted by expert, each expert's run of tokens
-  multiplied by its weights in one grouped matmul (`jax.lax.ragged_dot`, which has a VJP), the
-  results put back in token order and summed with the routing weights. Every token reaches its
-  k experts, whatever the rest of the batch routes: a token's output depends on that token
-  only, so the rollout (decoding a few tokens per row) and the update (whole sequences) compute
-  the same function. A capacity-based dispatch would drop tokens whose expert is full, and which
-  ones depends on the batch.
+* "ragged": one grouped matmul per weight over the sorted runs (`jax.lax.ragged_dot`, which has
+  a VJP). jax lowers it to a grouped-matmul instruction on TPU and GPU; on CPU to a dense
+  masked product over every group (the compiler counts twice the FLOPs of "dense").
+* "blocked": each expert's run padded to blocks of one expert's tokens, one batched matmul over
+  the blocks with each block's expert weights gathered (`blocked_experts`): at most twice the
+  routed FLOPs, with plain XLA ops.
 * "dense": every expert on every token, combined with the routing weights (zero for the experts
   not chosen): the reference, E / k times the expert FLOPs.
+* "auto": "blocked" on CPU, "ragged" on TPU and GPU.
 
-`benchmarks/moe.py` measures both, and a capacity-based dispatch, on this CPU; the figures and
-the choice are in docs/model.md.
+`benchmarks/moe.py` measures them, and a capacity-based dispatch, on a 2-core CPU; the figures
+and the choice are in docs/model.md.
 
 Shapes: N tokens (rows x time, flattened), D embed, E experts, k experts per token, F expert
 width, A = N x k assignments, L layers.
@@ -207,6 +213,13 @@ def dense_experts(h_ND: Array, routing: Routing, w: MoeWeights) -> Array:
 DISPATCH = {"ragged": ragged_experts, "blocked": blocked_experts, "dense": dense_experts}
 
 
+def resolve_dispatch(name: str) -> str:
+    """`cfg.moe_dispatch` with "auto" resolved for the default backend (module docstring)."""
+    if name == "auto":
+        return "blocked" if jax.default_backend() == "cpu" else "ragged"
+    return name
+
+
 def moe_mlp(h_BTD: Array, w: MoeWeights, cfg: ModelConfig) -> tuple[Array, Routing]:
     """One layer's MoE block on normalised hidden states: (B, T, D) output and the routing of
     its B x T tokens (row-major). `w` holds this layer's weights (no L axis)."""
@@ -214,7 +227,7 @@ def moe_mlp(h_BTD: Array, w: MoeWeights, cfg: ModelConfig) -> tuple[Array, Routi
     dt = h_BTD.dtype
     h_ND = h_BTD.reshape(B * T, D)
     routing = route(h_ND, w.router, cfg)
-    out_ND = DISPATCH[cfg.moe_dispatch](h_ND, routing, w)
+    out_ND = DISPATCH[resolve_dispatch(cfg.moe_dispatch)](h_ND, routing, w)
     if w.shared_gate is not None:
         gate = jnp.einsum("nd,df->nf", h_ND, w.shared_gate.astype(dt))
         up = jnp.einsum("nd,df->nf", h_ND, w.shared_up.astype(dt))

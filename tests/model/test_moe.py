@@ -117,8 +117,9 @@ def _batch(cfg, B=3, T=11, seed=0):
     return jnp.asarray(tokens), tf.positions_from_mask(jnp.asarray(mask)), jnp.asarray(mask)
 
 
-def test_ragged_dispatch_equals_dense_forward_and_gradient():
-    cfg = config_lib.PRESETS["tiny-moe"]
+@pytest.mark.parametrize("dispatch", ["ragged", "blocked"])
+def test_dispatch_equals_dense_forward_and_gradient(dispatch):
+    cfg = config_lib.PRESETS["tiny-moe"].replace(moe_dispatch=dispatch)
     params = tf.init_params(jax.random.key(0), cfg)
     tokens, positions, mask = _batch(cfg)
 
@@ -162,6 +163,7 @@ def test_router_renormalises_the_top_k_only_when_configured():
 def test_a_token_output_does_not_depend_on_the_rest_of_the_batch():
     # Dropless dispatch: row 0 alone and row 0 beside other rows give the same logits.
     cfg = config_lib.PRESETS["tiny-moe"]
+    assert moe.resolve_dispatch(cfg.moe_dispatch) == "blocked"  # on this CPU
     params = tf.init_params(jax.random.key(2), cfg)
     tokens, positions, mask = _batch(cfg, B=3)
     both, _ = tf.forward(params, tokens, positions, cfg, mask_BT=mask)
@@ -204,3 +206,27 @@ def test_bad_moe_configs_are_named():
         cfg = config_lib.PRESETS["tiny"]
         tokens = jnp.zeros((1, 3), jnp.int32)
         tf.router_choices(tf.init_params(jax.random.key(0), cfg), tokens, tokens, cfg)
+
+
+@pytest.mark.parametrize("skew", ["one_expert", "uneven", "uniform"])
+def test_sorted_dispatches_equal_dense_on_any_routing(skew):
+    # Routings that fill the blocks unevenly: all tokens on one expert, a few experts, spread.
+    cfg = config_lib.PRESETS["tiny-moe"]
+    N, E, k = 13, cfg.num_experts, cfg.num_experts_per_tok
+    w = jax.tree.map(lambda x: x[0], moe.init_moe(jax.random.key(0), cfg, 0.1, jnp.float32))
+    h = jax.random.normal(jax.random.key(1), (N, cfg.embed_dim))
+    rng = np.random.default_rng(0)
+    if skew == "one_expert":
+        experts = np.stack([np.full(N, 3), np.full(N, 5)], axis=1)
+    elif skew == "uneven":
+        experts = np.stack([rng.permutation(E)[:k] if n % 4 else [0, 1] for n in range(N)])
+    else:
+        experts = np.stack([rng.permutation(E)[:k] for _ in range(N)])
+    routing = moe.Routing(
+        jnp.asarray(experts, jnp.int32),
+        jnp.asarray(rng.uniform(0.1, 1.0, (N, k)), jnp.float32),
+        jnp.zeros((N, E)),
+    )
+    want = np.asarray(moe.dense_experts(h, routing, w))
+    for fn in (moe.ragged_experts, moe.blocked_experts):
+        np.testing.assert_allclose(np.asarray(fn(h, routing, w)), want, atol=1e-6)
