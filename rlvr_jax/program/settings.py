@@ -446,14 +446,18 @@ def check_mesh(s: Settings, num_devices: int) -> None:
     """Raises ConfigError unless the mesh fits the devices and the rows split over its batch
     axes (otherwise every device would hold every row)."""
     try:
-        data, fsdp, _ = s.mesh.shape(num_devices)
+        sizes = s.mesh.sizes(num_devices)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     rows = s.train.batch_prompts * s.rl.group_size
-    if rows % (data * fsdp):
+    data, fsdp, expert = sizes["data"], sizes["fsdp"], sizes["expert"]
+    if rows % (data * fsdp * expert):
+        across = f"data x fsdp = {data} x {fsdp}"
+        if expert > 1:
+            across = f"data x fsdp x expert = {data} x {fsdp} x {expert}"
         raise ConfigError(
             f"train.batch_prompts={s.train.batch_prompts} x rl.group_size={s.rl.group_size} = "
-            f"{rows} rows do not split over the mesh's data x fsdp = {data} x {fsdp} devices"
+            f"{rows} rows do not split over the mesh's {across} devices"
         )
 
 
@@ -520,6 +524,7 @@ RESUME_FREE = frozenset(
         "mesh.data",
         "mesh.fsdp",
         "mesh.tensor",
+        "mesh.expert",
     }
 )
 
