@@ -77,6 +77,9 @@ class ModelSettings:
     dtype, param_dtype, remat: `ModelConfig` overrides.
     attention, attention_block: the training forwards' attention (`ModelConfig.attention`):
       "auto", "xla_blockwise", "dense", "cudnn" or "pallas", and the blockwise path's block.
+    moe_dispatch: how a mixture-of-experts model's tokens reach their experts
+      (`ModelConfig.moe_dispatch`): "auto", "ragged", "blocked" or "dense"; no effect on a
+      dense model.
     lora: LoRA adapters (`LoraSettings`); the RL and SFT stages then train the adapters only.
     """
 
@@ -87,6 +90,7 @@ class ModelSettings:
     remat: bool = False
     attention: Literal["auto", "xla_blockwise", "dense", "cudnn", "pallas"] = "auto"
     attention_block: int = 512
+    moe_dispatch: Literal["auto", "ragged", "blocked", "dense"] = "auto"
     lora: LoraSettings = LoraSettings()
 
     def __post_init__(self):
@@ -517,6 +521,7 @@ RESUME_FREE = frozenset(
         "model.remat",
         "model.attention",
         "model.attention_block",
+        "model.moe_dispatch",
         "rl.logprob_chunk",
         "rl.num_microbatches",
         "rl.sampler.attention_chunk",

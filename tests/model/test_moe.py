@@ -230,3 +230,28 @@ def test_sorted_dispatches_equal_dense_on_any_routing(skew):
     want = np.asarray(moe.dense_experts(h, routing, w))
     for fn in (moe.ragged_experts, moe.blocked_experts):
         np.testing.assert_allclose(np.asarray(fn(h, routing, w)), want, atol=1e-6)
+
+
+def test_lora_and_int8_on_an_moe_model_leave_the_experts_alone():
+    from rlvr_jax.model import lora as lora_lib
+
+    cfg = config_lib.PRESETS["tiny-moe"]
+    params = tf.init_params(jax.random.key(0), cfg)
+    with pytest.raises(ValueError, match=r"no dense \['gate', 'up', 'down'\]"):
+        lora_lib.init_lora(jax.random.key(1), cfg, lora_lib.LoraConfig())
+    adapters = lora_lib.init_lora(jax.random.key(1), cfg, lora_lib.LoraConfig(targets=("q", "v")))
+    adapters = jax.tree.map(lambda x: x + 0.01, adapters)
+    tokens, positions, mask = _batch(cfg)
+    with_lora = tf.forward(params, tokens, positions, cfg, mask_BT=mask, lora=adapters)[0]
+    merged = lora_lib.merge_lora(params, adapters)
+    np.testing.assert_allclose(
+        np.asarray(tf.forward(merged, tokens, positions, cfg, mask_BT=mask)[0]),
+        np.asarray(with_lora),
+        atol=1e-4,
+    )
+    quantized = lora_lib.quantize_int8(params)
+    assert quantized.layers.moe is params.layers.moe
+    names = lora_lib.params_logical_axes(cfg, quantized)
+    assert names.layers.moe.gate == ("layers", "expert", "embed", "mlp")
+    logits = tf.forward(quantized, tokens, positions, cfg, mask_BT=mask)[0]
+    assert np.isfinite(np.asarray(logits)).all()
