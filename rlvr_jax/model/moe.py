@@ -235,3 +235,54 @@ def moe_mlp(h_BTD: Array, w: MoeWeights, cfg: ModelConfig) -> tuple[Array, Routi
         scale_N = jax.nn.sigmoid(jnp.einsum("nd,d->n", h_ND, w.shared_router.astype(dt)))
         out_ND = out_ND + scale_N[:, None] * shared_ND
     return out_ND.reshape(B, T, D), routing
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics of a routing, over the real tokens of a batch; `routing`'s fields stacked
+# (L, N, ...) over layers (`transformer.routing`, flattened over rows and time).
+
+
+def _expert_counts(experts_LNk: Array, mask_N: Array, num_experts: int) -> Array:
+    """(L, E) f32: how many real tokens' top k include each expert, per layer."""
+    hits = jax.nn.one_hot(experts_LNk, num_experts, dtype=jnp.float32)  # (L, N, k, E)
+    return jnp.einsum("lnke,n->le", hits, mask_N.astype(jnp.float32))
+
+
+def load_balancing_loss(probs_LNE: Array, experts_LNk: Array, mask_N: Array) -> Array:
+    """The Switch-Transformer auxiliary loss as `transformers`' `load_balancing_loss_func`
+    computes it (with its attention mask): E x sum_e f_e x P_e, where f_e is the number of top-k
+    assignments to expert e and P_e the summed router probability of e, both over every layer
+    and divided by L x (real tokens). Its minimum, k, is a uniform load."""
+    E = probs_LNE.shape[-1]
+    w_N = mask_N.astype(jnp.float32)
+    rows = probs_LNE.shape[0] * jnp.maximum(jnp.sum(w_N), 1.0)
+    f_E = jnp.sum(_expert_counts(experts_LNk, mask_N, E), axis=0) / rows
+    p_E = jnp.einsum("lne,n->e", probs_LNE.astype(jnp.float32), w_N) / rows
+    return E * jnp.sum(f_E * p_E)
+
+
+def expert_load(experts_LNk: Array, mask_N: Array, num_experts: int) -> tuple[Array, Array]:
+    """The smallest and largest share of a layer's top-k assignments that one expert takes,
+    over experts and layers (each 1 / E when balanced; 0 for an expert no token chose)."""
+    counts_LE = _expert_counts(experts_LNk, mask_N, num_experts)
+    share_LE = counts_LE / jnp.maximum(jnp.sum(counts_LE, axis=-1, keepdims=True), 1.0)
+    return jnp.min(share_LE), jnp.max(share_LE)
+
+
+def router_entropy(probs_LNE: Array, mask_N: Array) -> Array:
+    """Mean entropy (nats) of the router's distribution over experts, over real tokens and
+    layers (log E when uniform)."""
+    p = probs_LNE.astype(jnp.float32)
+    h_LN = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), axis=-1)
+    w_N = mask_N.astype(jnp.float32)
+    return jnp.sum(h_LN * w_N) / (h_LN.shape[0] * jnp.maximum(jnp.sum(w_N), 1.0))
+
+
+def routing_disagreement(experts_LNk: Array, other_LNk: Array, mask_N: Array) -> Array:
+    """The fraction of real tokens whose set of top-k experts differs, in at least one layer,
+    between two routings of the same tokens (e.g. the rollout's and the update's)."""
+    a = jnp.sort(experts_LNk, axis=-1)
+    b = jnp.sort(other_LNk, axis=-1)
+    differs_N = jnp.any(a != b, axis=(0, 2))
+    w_N = mask_N.astype(jnp.float32)
+    return jnp.sum(differs_N * w_N) / jnp.maximum(jnp.sum(w_N), 1.0)

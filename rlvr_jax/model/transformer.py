@@ -344,12 +344,13 @@ def _out_and_routed_mlp(
     cfg: ModelConfig,
     lora: LoraParams | None = None,
 ) -> tuple[Array, Array | None]:
-    """`_out_and_mlp`, and the experts (B, T, k) each token was routed to (None when dense)."""
+    """`_out_and_mlp`, and the routing of its B x T tokens, each field (B, T, ...) (None when
+    dense)."""
     x_BTD = x_BTD + _project("bthk,hkd->btd", attn_BTHd, w.o, lora, "o")
     h = rms_norm(x_BTD, w.mlp_norm, cfg.norm_eps)
     if w.moe is not None:
         y, routing = moe_lib.moe_mlp(h, w.moe, cfg)
-        return x_BTD + y, routing.experts_Nk.reshape(*h.shape[:2], -1)
+        return x_BTD + y, jax.tree.map(lambda a: a.reshape(*h.shape[:2], -1), routing)
     gate = _project("btd,df->btf", h, w.gate, lora, "gate")
     up = _project("btd,df->btf", h, w.up, lora, "up")
     return x_BTD + _project("btf,fd->btd", jax.nn.silu(gate) * up, w.down, lora, "down"), None
@@ -386,7 +387,7 @@ def _layer(
     """One pre-norm block. With `kv` (this layer's cache) the new keys are written at
     `write_index` and `attend` reads the whole cache; otherwise it reads the new keys only.
     `lora`: this layer's adapters, or None. Returns the block's output, the cache, and the
-    experts (B, T, k) of an MoE block (None when dense)."""
+    routing of an MoE block (`_out_and_routed_mlp`; None when dense)."""
     dt = x_BTD.dtype
     q, k, v = _qkv(x_BTD, w, rope, cfg, lora)
     if kv is not None:
@@ -397,8 +398,8 @@ def _layer(
         put = lambda c, x: jax.lax.dynamic_update_slice(c, x.swapaxes(1, 2).astype(c.dtype), start)
         kv = (put(cache_k, k), put(cache_v, v))
         k, v = (c.swapaxes(1, 2).astype(dt) for c in kv)
-    x_BTD, experts_BTk = _out_and_routed_mlp(x_BTD, attend(q, k, v), w, cfg, lora)
-    return x_BTD, kv, experts_BTk
+    x_BTD, routing = _out_and_routed_mlp(x_BTD, attend(q, k, v), w, cfg, lora)
+    return x_BTD, kv, routing
 
 
 def hidden_states(
@@ -436,6 +437,30 @@ def hidden_states(
     return x, cache
 
 
+def routing(
+    params: Params,
+    tokens_BT: Array,
+    positions_BT: Array,
+    cfg: ModelConfig,
+    cache: KVCache | None = None,
+    mask_BT: Array | None = None,
+) -> tuple[moe_lib.Routing, KVCache | None]:
+    """The router's decision in every layer, as `hidden_states` computes it (a full pass, or
+    with `cache` a prefill or decode step), and the updated cache. An MoE model only.
+
+    Returns:
+      A `moe.Routing` whose fields are stacked (L, B, T, ...): experts (L, B, T, k), most
+      probable first; their weights; the probabilities (L, B, T, E) in f32.
+
+    Raises:
+      ValueError: for a dense model.
+    """
+    if not cfg.is_moe:
+        raise ValueError(f"routing: model_type={cfg.model_type!r} has no router")
+    _, cache, routed = _decoder(params, tokens_BT, positions_BT, cfg, cache, mask_BT, None, None)
+    return routed, cache
+
+
 def router_choices(
     params: Params,
     tokens_BT: Array,
@@ -444,14 +469,8 @@ def router_choices(
     mask_BT: Array | None = None,
 ) -> Array:
     """The experts (L, B, T, k) each token is routed to in each layer of a full causal pass
-    (most probable first), as `hidden_states` computes them. An MoE model only.
-
-    Raises:
-      ValueError: for a dense model.
-    """
-    if not cfg.is_moe:
-        raise ValueError(f"router_choices: model_type={cfg.model_type!r} has no router")
-    return _decoder(params, tokens_BT, positions_BT, cfg, None, mask_BT, None, None)[2]
+    (most probable first); see `routing`."""
+    return routing(params, tokens_BT, positions_BT, cfg, None, mask_BT)[0].experts_Nk
 
 
 def _decoder(
@@ -464,7 +483,7 @@ def _decoder(
     lora: LoraParams | None,
     segment_ids_BT: Array | None,
 ) -> tuple[Array, KVCache | None, Array | None]:
-    """`hidden_states`, and the experts (L, B, T, k) of an MoE model's tokens (None if dense)."""
+    """`hidden_states`, and the routing of an MoE model's tokens (`routing`; None if dense)."""
     B, T = tokens_BT.shape
     dt = jnp.dtype(cfg.dtype)
     lora = params.lora if lora is None else lora
@@ -490,19 +509,19 @@ def _decoder(
 
     def body(x, xs):
         w, kv, ad = xs
-        x, kv, experts = _layer(
+        x, kv, routed = _layer(
             sharding.constrain_rows(x), w, rope, attend, kv, write_index, cfg, ad
         )
-        return sharding.constrain_rows(x), (kv, experts)
+        return sharding.constrain_rows(x), (kv, routed)
 
     if cfg.remat:
         body = jax.checkpoint(body, prevent_cse=False)
     kv_in = None if cache is None else (cache.k, cache.v)
-    x, (kv_out, experts_LBTk) = jax.lax.scan(body, x, (params.layers, kv_in, lora))
+    x, (kv_out, routed) = jax.lax.scan(body, x, (params.layers, kv_in, lora))
     x = rms_norm(x, params.final_norm, cfg.norm_eps)
     if cache is not None:
         cache = KVCache(k=kv_out[0], v=kv_out[1], mask=key_mask_BS, index=cache.index + T)
-    return x, cache, experts_LBTk
+    return x, cache, routed
 
 
 def _grouped_attention(

@@ -1,6 +1,9 @@
 """Qwen3-MoE and Qwen2-MoE: parity with `transformers` (logits and every layer's router choices),
 weights in and out, the two dispatches against each other, and the KV cache."""
 
+import dataclasses
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,6 +62,24 @@ def test_logits_and_router_choices_match_transformers(tiny):
         "qwen2_moe": ("qwen2_moe", False, True, False),
     }[kind]
     assert (cfg.shared_expert_dim > 0) == (kind == "qwen2_moe")
+
+
+def test_load_balancing_loss_equals_transformers(tiny):
+    kind, model, params, cfg = tiny
+    tokens, mask = _left_padded_batch(3, [11, 6, 2], T=11)
+    mask_t = torch.tensor(mask.astype(np.int64))
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(tokens), attention_mask=mask_t, output_router_logits=True
+        )
+    loss_fn = importlib.import_module(type(model).__module__).load_balancing_loss_func
+    want = float(loss_fn(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok, mask_t))
+    positions = tf.positions_from_mask(jnp.asarray(mask))
+    routed, _ = tf.routing(params, jnp.asarray(tokens), positions, cfg, mask_BT=jnp.asarray(mask))
+    flat = jax.tree.map(lambda a: a.reshape(cfg.num_layers, 3 * 11, -1), routed)
+    ours = float(moe.load_balancing_loss(flat.probs_NE, flat.experts_Nk, mask.reshape(-1)))
+    assert abs(ours - want) < 1e-5, (kind, ours, want)
+    assert ours > cfg.num_experts_per_tok  # a random router is not balanced
 
 
 def test_cached_decoding_equals_full_forward_step_by_step(tiny):
@@ -202,7 +223,7 @@ def test_bad_moe_configs_are_named():
         config_lib.from_hf_config({**hf_cfg, "mlp_only_layers": [1]})
     with pytest.raises(ValueError, match="decoder_sparse_step=2"):
         config_lib.from_hf_config({**hf_cfg, "decoder_sparse_step": 2})
-    with pytest.raises(ValueError, match="router_choices"):
+    with pytest.raises(ValueError, match="routing: model_type=.qwen2. has no router"):
         cfg = config_lib.PRESETS["tiny"]
         tokens = jnp.zeros((1, 3), jnp.int32)
         tf.router_choices(tf.init_params(jax.random.key(0), cfg), tokens, tokens, cfg)
@@ -255,3 +276,66 @@ def test_lora_and_int8_on_an_moe_model_leave_the_experts_alone():
     assert names.layers.moe.gate == ("layers", "expert", "embed", "mlp")
     logits = tf.forward(quantized, tokens, positions, cfg, mask_BT=mask)[0]
     assert np.isfinite(np.asarray(logits)).all()
+
+
+def test_routing_statistics_by_hand():
+    # Two layers, three tokens (the last one padding), E = 4, k = 2.
+    experts = jnp.asarray([[[0, 1], [0, 2], [3, 3]], [[1, 2], [2, 1], [0, 0]]], jnp.int32)
+    mask = jnp.asarray([True, True, False])
+    lo, hi = moe.expert_load(experts, mask, 4)
+    # Layer 0: expert 0 takes 2 of 4 assignments, 1 and 2 one each, 3 none; layer 1: 1 and 2 half.
+    assert (float(lo), float(hi)) == (0.0, 0.5)
+    uniform = jnp.full((2, 3, 4), 0.25)
+    np.testing.assert_allclose(float(moe.router_entropy(uniform, mask)), np.log(4), rtol=1e-6)
+    onehot = jax.nn.one_hot(jnp.zeros((2, 3), jnp.int32), 4)
+    assert float(moe.router_entropy(onehot, mask)) == 0.0
+    # Assignments of the real tokens over both layers: (2, 3, 3, 0), over 2 x 2 rows; uniform
+    # probabilities make the loss k whatever the load.
+    loss = moe.load_balancing_loss(uniform, experts, mask)
+    np.testing.assert_allclose(float(loss), 4 * np.sum(np.array([2, 3, 3, 0]) / 4 * 0.25), 1e-6)
+    assert float(loss) == 2.0
+    skewed = jnp.asarray([0.7, 0.1, 0.1, 0.1])
+    loss = moe.load_balancing_loss(jnp.broadcast_to(skewed, (2, 3, 4)), experts, mask)
+    np.testing.assert_allclose(float(loss), 4 * np.sum(np.array([2, 3, 3, 0]) / 4 * skewed), 1e-6)
+    other = experts.at[1, 1].set(jnp.asarray([1, 3]))  # token 1 differs in layer 1
+    assert float(moe.routing_disagreement(experts, experts[:, :, ::-1], mask)) == 0.0
+    assert float(moe.routing_disagreement(experts, other, mask)) == 0.5
+    padded_only = experts.at[0, 2].set(jnp.asarray([1, 2]))  # a padding token differs
+    assert float(moe.routing_disagreement(experts, padded_only, mask)) == 0.0
+
+
+def test_decoding_with_a_cache_routes_every_token_as_the_full_forward():
+    # The rollout's path (prefill, then one token per step on a KV cache) and the update's (one
+    # full pass) choose the same experts for every token: disagreement exactly 0 in f32.
+    cfg = config_lib.PRESETS["tiny-moe"]
+    params = tf.init_params(jax.random.key(3), cfg)
+    params = dataclasses.replace(
+        params,
+        layers=dataclasses.replace(
+            params.layers,
+            moe=dataclasses.replace(params.layers.moe, router=params.layers.moe.router * 50),
+        ),
+    )
+    prompt, new = 6, 5
+    tokens, mask = _left_padded_batch(4, [11, 8, 7], T=prompt + new, vocab=cfg.vocab_size)
+    positions = tf.positions_from_mask(jnp.asarray(mask))
+    full, _ = tf.routing(params, jnp.asarray(tokens), positions, cfg, mask_BT=jnp.asarray(mask))
+    cache = kv_cache.init_cache(cfg, batch=3, num_slots=16)
+    step = jax.jit(tf.routing, static_argnums=3)
+    parts = []
+    for a, b in [(0, prompt)] + [(t, t + 1) for t in range(prompt, prompt + new)]:
+        routed, cache = step(params, tokens[:, a:b], positions[:, a:b], cfg, cache, mask[:, a:b])
+        parts.append(routed.experts_Nk)
+    cached = jnp.concatenate(parts, axis=2)
+    L = cfg.num_layers
+    flat = lambda x: x.reshape(L, -1, cfg.num_experts_per_tok)  # noqa: E731
+    real = jnp.asarray(mask).reshape(-1)
+    agree = moe.routing_disagreement(flat(cached), flat(full.experts_Nk), real)
+    assert float(agree) == 0.0
+    # It can fail: another router gives other choices.
+    other, _ = tf.routing(
+        tf.init_params(jax.random.key(4), cfg), tokens, positions, cfg, None, mask
+    )
+    assert float(moe.routing_disagreement(flat(other.experts_Nk), flat(cached), real)) > 0.5
+    lo, hi = moe.expert_load(flat(full.experts_Nk), real, cfg.num_experts)
+    assert 0.0 <= float(lo) < 1 / cfg.num_experts < float(hi) <= 0.5
