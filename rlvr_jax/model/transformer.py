@@ -343,7 +343,7 @@ def _out_and_routed_mlp(
     w: Layers,
     cfg: ModelConfig,
     lora: LoraParams | None = None,
-) -> tuple[Array, Array | None]:
+) -> tuple[Array, moe_lib.Routing | None]:
     """`_out_and_mlp`, and the routing of its B x T tokens, each field (B, T, ...) (None when
     dense)."""
     x_BTD = x_BTD + _project("bthk,hkd->btd", attn_BTHd, w.o, lora, "o")
@@ -383,7 +383,7 @@ def _layer(
     write_index: Array | None,
     cfg: ModelConfig,
     lora: LoraParams | None = None,
-) -> tuple[Array, tuple[Array, Array] | None, Array | None]:
+) -> tuple[Array, tuple[Array, Array] | None, moe_lib.Routing | None]:
     """One pre-norm block. With `kv` (this layer's cache) the new keys are written at
     `write_index` and `attend` reads the whole cache; otherwise it reads the new keys only.
     `lora`: this layer's adapters, or None. Returns the block's output, the cache, and the
