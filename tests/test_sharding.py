@@ -125,7 +125,7 @@ def test_the_config_has_a_mesh_section():
     from rlvr_jax.program import settings as settings_lib
 
     config = tiny.get_config()
-    assert dict(config.mesh) == {"data": 1, "fsdp": -1, "tensor": 1}
+    assert dict(config.mesh) == {"data": 1, "fsdp": -1, "tensor": 1, "expert": 1}
     config.mesh.tensor = 2
     assert settings_lib.settings_from_config(config).mesh == sharding.MeshConfig(1, -1, 2)
     config.mesh.data = -1
@@ -242,6 +242,63 @@ def test_sharded_train_step_equals_one_device(task, one_device, shape):
     data, fsdp, tensor = shape
     assert (plan.state.params.layers.gate.spec != P()) == (fsdp * tensor > 1)
     assert (plan.rows.spec != P()) == (data * fsdp > 1)
+
+
+@pytest.fixture(scope="module")
+def moe_task():
+    cfg, *rest = make_task()
+    return (config_lib.PRESETS["tiny-moe"].replace(vocab_size=32), *rest)
+
+
+@pytest.fixture(scope="module")
+def moe_one_device(moe_task):
+    return _run(moe_task)
+
+
+# Experts split over "expert" composed with FSDP and tensor parallelism, and over "expert" alone.
+@pytest.mark.parametrize("shape", [dict(fsdp=2, tensor=2, expert=2), dict(fsdp=1, expert=8)])
+def test_sharded_moe_train_step_equals_one_device(moe_task, moe_one_device, shape):
+    want_state, want_outs, _ = moe_one_device
+    mesh = sharding.make_mesh(sharding.MeshConfig(data=1, **shape))
+    assert mesh.shape["expert"] == shape["expert"]
+    state, outs, plan = _run(moe_task, mesh)
+    for got, want in zip(outs, want_outs, strict=True):
+        for k in want.metrics:
+            np.testing.assert_allclose(
+                got.metrics[k], want.metrics[k], atol=ATOL, rtol=1e-5, err_msg=k
+            )
+        for x, y in zip(jax.tree.leaves(got.rows), jax.tree.leaves(want.rows), strict=True):
+            np.testing.assert_allclose(x, y, atol=ATOL, rtol=1e-5)
+    assert float(outs[0].metrics["reward/std"]) > 0
+    for x, y in zip(_arrays(state), _arrays(want_state), strict=True):
+        np.testing.assert_allclose(x, y, atol=PARAM_ATOL)
+    # The experts really are split over "expert" (and D over "fsdp", their width over "tensor");
+    # the rows over "fsdp" and "expert".
+    experts = plan.state.params.layers.moe
+    tensor = "tensor" if shape.get("tensor", 1) > 1 else None
+    fsdp = "fsdp" if shape["fsdp"] > 1 else None
+    padded = lambda spec: tuple(spec) + (None,) * (4 - len(spec))  # noqa: E731
+    assert padded(experts.gate.spec) == (None, "expert", fsdp, tensor)
+    assert padded(experts.down.spec) == (None, "expert", tensor, fsdp)
+    assert "expert" in plan.rows.spec[0]
+
+
+def test_the_expert_axis_of_the_mesh():
+    cfg = sharding.MeshConfig(data=1, fsdp=-1, tensor=2, expert=2)
+    assert cfg.axes == ("data", "fsdp", "expert", "tensor")
+    assert cfg.shape(8) == (1, 2, 2, 2)
+    assert cfg.sizes(8) == {"data": 1, "fsdp": 2, "expert": 2, "tensor": 2}
+    assert sharding.MeshConfig().sizes(8) == {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
+    with pytest.raises(ValueError, match="mesh.expert=0"):
+        sharding.MeshConfig(expert=0)
+    with pytest.raises(ValueError, match="expert=3"):
+        sharding.MeshConfig(expert=3).shape(8)
+    # A dense model on an expert mesh: the expert axis splits rows only.
+    mesh = sharding.make_mesh(cfg)
+    dense = config_lib.PRESETS["tiny"]
+    specs = sharding_plan.param_shardings(dense, mesh, tf.param_shapes(dense))
+    assert all("expert" not in str(x.spec) for x in jax.tree.leaves(specs))
+    assert sharding.rows_sharding(mesh, 8).spec == P(("fsdp", "expert"))
 
 
 def test_host_verifier_path_on_a_mesh_equals_the_fused_step(task, one_device):

@@ -536,7 +536,7 @@ def pallas_attention(
     seg_BT = _pad_axis(seg_BT, 1, Tp)
     call = functools.partial(_splash_call, block=block, interpret=interpret)
     mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty and set(sharding.RULES["batch"]) <= set(mesh.axis_names):
+    if sharding.has_row_axes(mesh):
         P = jax.sharding.PartitionSpec
         rows = sharding.logical_spec(("batch",), (B,), mesh)
         rows = rows[0] if len(rows) else None

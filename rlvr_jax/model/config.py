@@ -1,7 +1,8 @@
 """Model configuration: one frozen dataclass for every supported decoder family.
 
-The same `ModelConfig` describes Qwen2/2.5 (qkv bias), Qwen3 (q/k RMSNorm) and Llama 3 / SmolLM2.
-It is hashable so that it can be a static argument of `jax.jit`.
+The same `ModelConfig` describes Qwen2/2.5 (qkv bias), Qwen3 (q/k RMSNorm), Llama 3 / SmolLM2,
+and the mixture-of-experts Qwen3-MoE and Qwen2-MoE (every layer's MLP a routed set of experts,
+`model/moe.py`). It is hashable so that it can be a static argument of `jax.jit`.
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "qwen2_moe", "qwen3_moe")
+MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla_blockwise", "dense", "cudnn", "pallas")
+MOE_DISPATCHES = ("auto", "ragged", "blocked", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,14 +31,16 @@ class ModelConfig:
     """Architecture and numerics of one decoder.
 
     Attributes:
-      model_type: "qwen2", "qwen3" or "llama" (the Hugging Face `model_type`).
+      model_type: "qwen2", "qwen3", "llama", "qwen3_moe" or "qwen2_moe" (the Hugging Face
+        `model_type`).
       vocab_size: V.
       embed_dim: D, the residual width (`hidden_size`).
       num_layers: L.
       num_heads: H query heads.
       num_kv_heads: K key/value heads (grouped-query attention when K < H).
       head_dim: Dh.
-      mlp_dim: F, the SwiGLU inner width (`intermediate_size`).
+      mlp_dim: F, the SwiGLU inner width (`intermediate_size`); unused by MoE models, whose
+        every layer is a sparse MoE block.
       rope_theta: RoPE base frequency.
       rope_scaling: optional Llama-3 frequency scaling.
       norm_eps: RMSNorm epsilon.
@@ -53,6 +58,17 @@ class ModelConfig:
         kernel or an error). Completions over a shared prompt always run blockwise unless
         "dense"; prefill with a KV cache and decoding always run dense.
       attention_block: query and key block size of "xla_blockwise" (and of the splash kernel).
+      num_experts: E, the routed experts of each layer's MLP (`num_experts`); 0 for a dense MLP.
+      num_experts_per_tok: k, the experts each token is routed to (top-k of the router).
+      moe_mlp_dim: the SwiGLU inner width of one expert (`moe_intermediate_size`).
+      norm_topk_prob: renormalise the k chosen router probabilities to sum to 1 (Qwen3-MoE's
+        checkpoints set it; Qwen2-MoE's do not).
+      shared_expert_dim: inner width of Qwen2-MoE's shared expert, a SwiGLU MLP every token
+        passes through, scaled by a sigmoid gate (`shared_expert_intermediate_size`); 0: none.
+      moe_dispatch: how tokens reach their experts (`model/moe.py`; none drops a token):
+        "ragged" (tokens sorted by expert, one grouped matmul per weight), "blocked" (sorted
+        tokens in blocks of one expert's, a batched matmul), "dense" (every expert on every
+        token: the reference) or "auto" ("blocked" on CPU, "ragged" on TPU and GPU).
     """
 
     model_type: str
@@ -75,6 +91,17 @@ class ModelConfig:
     max_position_embeddings: int = 32768
     attention: str = "auto"
     attention_block: int = 512
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_mlp_dim: int = 0
+    norm_topk_prob: bool = False
+    shared_expert_dim: int = 0
+    moe_dispatch: str = "auto"
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether every layer's MLP is a routed mixture of experts."""
+        return self.num_experts > 0
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -103,6 +130,35 @@ class ModelConfig:
             )
         if self.attention_block <= 0:
             raise ValueError(f"attention_block={self.attention_block} must be positive")
+        self._check_moe()
+
+    def _check_moe(self) -> None:
+        moe_type = self.model_type in MOE_MODEL_TYPES
+        if moe_type != self.is_moe:
+            raise ValueError(
+                f"model_type={self.model_type!r} with num_experts={self.num_experts}: "
+                f"{MOE_MODEL_TYPES} need num_experts > 0, the dense types num_experts=0"
+            )
+        if not self.is_moe:
+            return
+        if not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok={self.num_experts_per_tok} must be in "
+                f"[1, num_experts={self.num_experts}]"
+            )
+        if self.moe_mlp_dim <= 0:
+            raise ValueError(f"moe_mlp_dim={self.moe_mlp_dim} must be positive for an MoE model")
+        shared = self.model_type == "qwen2_moe"
+        if shared != (self.shared_expert_dim > 0):
+            raise ValueError(
+                f"model_type={self.model_type!r} with shared_expert_dim={self.shared_expert_dim}: "
+                "qwen2_moe has a shared expert (shared_expert_dim > 0), qwen3_moe none (0)"
+            )
+        if self.moe_dispatch not in MOE_DISPATCHES:
+            raise ValueError(
+                f"moe_dispatch={self.moe_dispatch!r} is not a dispatch; expected one of "
+                f"{MOE_DISPATCHES}"
+            )
 
     def replace(self, **kwargs: Any) -> ModelConfig:
         return dataclasses.replace(self, **kwargs)
@@ -153,8 +209,8 @@ def from_hf_config(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
         raise ValueError("config.json: llama with attention_bias/mlp_bias is not supported")
     if hf.get("use_sliding_window"):
         raise ValueError("config.json: use_sliding_window=true is not supported")
-    if model_type == "qwen3" and hf.get("attention_bias"):
-        raise ValueError("config.json: qwen3 with attention_bias=true is not supported")
+    if model_type in ("qwen3", "qwen3_moe") and hf.get("attention_bias"):
+        raise ValueError(f"config.json: {model_type} with attention_bias=true is not supported")
     kwargs = dict(
         model_type=model_type,
         vocab_size=need("vocab_size"),
@@ -167,18 +223,51 @@ def from_hf_config(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
         rope_theta=float(rope_theta),
         rope_scaling=scaling,
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        qkv_bias=model_type == "qwen2",
-        qk_norm=model_type == "qwen3",
+        qkv_bias=model_type == "qwen2" or (model_type == "qwen2_moe" and hf.get("qkv_bias", True)),
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
     )
+    if model_type in MOE_MODEL_TYPES:
+        kwargs.update(_moe_fields(hf, model_type, need))
     kwargs.update(overrides)
     return ModelConfig(**kwargs)
 
 
+def _moe_fields(hf: dict[str, Any], model_type: str, need) -> dict[str, Any]:
+    """The MoE fields of a qwen3_moe / qwen2_moe config.json (`transformers` 5 writes the expert
+    count as `num_local_experts`, earlier versions as `num_experts`)."""
+    step = hf.get("decoder_sparse_step", 1)
+    dense_layers = hf.get("mlp_only_layers") or []
+    if step != 1 or dense_layers:
+        raise ValueError(
+            f"config.json ({model_type}): decoder_sparse_step={step}, mlp_only_layers="
+            f"{dense_layers}: dense MLP layers among the MoE ones are not supported; every "
+            "layer must be sparse (decoder_sparse_step=1, mlp_only_layers=[])"
+        )
+    num_experts = hf.get("num_experts", hf.get("num_local_experts"))
+    if num_experts is None:
+        raise ValueError(f"config.json (model_type={model_type!r}) lacks the field 'num_experts'")
+    return dict(
+        num_experts=int(num_experts),
+        num_experts_per_tok=int(need("num_experts_per_tok")),
+        moe_mlp_dim=int(need("moe_intermediate_size")),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+        shared_expert_dim=(
+            int(need("shared_expert_intermediate_size")) if model_type == "qwen2_moe" else 0
+        ),
+    )
+
+
 def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
     """The Hugging Face `config.json` dict that `transformers` loads as the same model."""
-    arch = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+    arch = {
+        "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+        "llama": "LlamaForCausalLM",
+        "qwen2_moe": "Qwen2MoeForCausalLM",
+        "qwen3_moe": "Qwen3MoeForCausalLM",
+    }
     hf: dict[str, Any] = {
         "architectures": [arch[cfg.model_type]],
         "model_type": cfg.model_type,
@@ -201,8 +290,20 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.model_type == "llama":
         hf["attention_bias"] = False
         hf["mlp_bias"] = False
-    if cfg.model_type == "qwen3":
+    if cfg.model_type in ("qwen3", "qwen3_moe"):
         hf["attention_bias"] = False
+    if cfg.is_moe:
+        hf.update(
+            num_experts=cfg.num_experts,
+            num_experts_per_tok=cfg.num_experts_per_tok,
+            moe_intermediate_size=cfg.moe_mlp_dim,
+            norm_topk_prob=cfg.norm_topk_prob,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    if cfg.model_type == "qwen2_moe":
+        hf["qkv_bias"] = cfg.qkv_bias
+        hf["shared_expert_intermediate_size"] = cfg.shared_expert_dim
     return hf
 
 
@@ -279,6 +380,44 @@ PRESETS: dict[str, ModelConfig] = {
         norm_eps=1e-5,
         tie_embeddings=True,
         max_position_embeddings=8192,
+    ),
+    "qwen3-30b-a3b": ModelConfig(
+        model_type="qwen3_moe",
+        vocab_size=151936,
+        embed_dim=2048,
+        num_layers=48,
+        num_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        mlp_dim=6144,
+        rope_theta=1e6,
+        norm_eps=1e-6,
+        qk_norm=True,
+        tie_embeddings=False,
+        max_position_embeddings=40960,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_mlp_dim=768,
+        norm_topk_prob=True,
+    ),
+    "tiny-moe": ModelConfig(
+        model_type="qwen3_moe",
+        vocab_size=512,
+        embed_dim=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        mlp_dim=128,
+        rope_theta=10000.0,
+        norm_eps=1e-6,
+        qk_norm=True,
+        tie_embeddings=True,
+        max_position_embeddings=2048,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_mlp_dim=32,
+        norm_topk_prob=True,
     ),
     "tiny": ModelConfig(
         model_type="qwen2",

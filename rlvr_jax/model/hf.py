@@ -23,6 +23,7 @@ import numpy as np
 from rlvr_jax.config_types import NotFoundError, UserError
 from rlvr_jax.model.config import ModelConfig, from_hf_config, to_hf_config
 from rlvr_jax.model.lora import merge_lora
+from rlvr_jax.model.moe import MoeWeights
 from rlvr_jax.model.transformer import Layers, Params
 
 # safetensors dtype names <-> numpy dtypes.
@@ -139,10 +140,13 @@ def _layer_entries(cfg: ModelConfig) -> list[tuple[str, str, Callable, Callable,
         ("v", "self_attn.v_proj.weight", *proj(K), (D, K, Dh)),
         ("o", "self_attn.o_proj.weight", *out_proj, (H, Dh, D)),
         ("mlp_norm", "post_attention_layernorm.weight", ident, ident, (D,)),
-        ("gate", "mlp.gate_proj.weight", tr, tr, (D, F)),
-        ("up", "mlp.up_proj.weight", tr, tr, (D, F)),
-        ("down", "mlp.down_proj.weight", tr, tr, (F, D)),
     ]
+    if not cfg.is_moe:
+        e += [
+            ("gate", "mlp.gate_proj.weight", tr, tr, (D, F)),
+            ("up", "mlp.up_proj.weight", tr, tr, (D, F)),
+            ("down", "mlp.down_proj.weight", tr, tr, (F, D)),
+        ]
     if cfg.qkv_bias:
         e += [
             ("q_bias", "self_attn.q_proj.bias", *bias(H), (H, Dh)),
@@ -157,6 +161,37 @@ def _layer_entries(cfg: ModelConfig) -> list[tuple[str, str, Callable, Callable,
     return e
 
 
+def _moe_entries(cfg: ModelConfig) -> list[tuple[str, str, Callable, Callable, tuple, bool]]:
+    """(`MoeWeights` field, HF name suffix, HF->ours, ours->HF, our per-layer (and per-expert)
+    shape, one tensor per expert) for every tensor of an MoE block. Per-expert names hold "{e}";
+    `transformers` 5 fuses them in memory but writes them one per expert, as the hub's files do."""
+    if not cfg.is_moe:
+        return []
+    D, E, F, Fs = cfg.embed_dim, cfg.num_experts, cfg.moe_mlp_dim, cfg.shared_expert_dim
+    tr = lambda w: w.T  # noqa: E731
+    e = [
+        ("router", "mlp.gate.weight", tr, tr, (D, E), False),
+        ("gate", "mlp.experts.{e}.gate_proj.weight", tr, tr, (D, F), True),
+        ("up", "mlp.experts.{e}.up_proj.weight", tr, tr, (D, F), True),
+        ("down", "mlp.experts.{e}.down_proj.weight", tr, tr, (F, D), True),
+    ]
+    if Fs:
+        gate_in, gate_out = (lambda w: w.reshape(D), lambda w: w.reshape(1, D))
+        e += [
+            ("shared_gate", "mlp.shared_expert.gate_proj.weight", tr, tr, (D, Fs), False),
+            ("shared_up", "mlp.shared_expert.up_proj.weight", tr, tr, (D, Fs), False),
+            ("shared_down", "mlp.shared_expert.down_proj.weight", tr, tr, (Fs, D), False),
+            ("shared_router", "mlp.shared_expert_gate.weight", gate_in, gate_out, (D,), False),
+        ]
+    return e
+
+
+def _moe_names(cfg: ModelConfig, layer: int, suffix: str, per_expert: bool) -> list[str]:
+    """The HF names of one MoE entry in one layer: one per expert, or the one."""
+    experts = range(cfg.num_experts) if per_expert else [None]
+    return [f"model.layers.{layer}.{suffix.format(e=e)}" for e in experts]
+
+
 def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor name a Hugging Face checkpoint of `cfg` holds, with its shape."""
     shapes = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.embed_dim)}
@@ -166,6 +201,9 @@ def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     for i in range(cfg.num_layers):
         for _, suffix, _, to_hf, shape in _layer_entries(cfg):
             shapes[f"model.layers.{i}.{suffix}"] = to_hf(np.empty(shape, np.int8)).shape
+        for _, suffix, _, to_hf, shape, per_expert in _moe_entries(cfg):
+            for name in _moe_names(cfg, i, suffix, per_expert):
+                shapes[name] = to_hf(np.empty(shape, np.int8)).shape
     return shapes
 
 
@@ -220,6 +258,15 @@ def params_from_hf_tensors(
             [to_ours(fetch(f"model.layers.{i}.{suffix}")) for i in range(cfg.num_layers)]
         )
         fields[field] = jnp.asarray(stacked, pdt)
+    if cfg.is_moe:
+        moe = {}
+        for field, suffix, to_ours, _, _, per_expert in _moe_entries(cfg):
+            per_layer = []
+            for i in range(cfg.num_layers):
+                parts = [to_ours(fetch(n)) for n in _moe_names(cfg, i, suffix, per_expert)]
+                per_layer.append(np.stack(parts) if per_expert else parts[0])
+            moe[field] = jnp.asarray(np.stack(per_layer), pdt)
+        fields["moe"] = MoeWeights(**moe)
     return Params(
         embed=jnp.asarray(fetch("model.embed_tokens.weight"), pdt),
         layers=Layers(**fields),
@@ -237,6 +284,12 @@ def params_to_hf_tensors(params: Params, cfg: ModelConfig) -> dict[str, np.ndarr
             out[f"model.layers.{i}.{suffix}"] = np.ascontiguousarray(
                 to_hf(np.asarray(getattr(host.layers, field)[i]))
             )
+        for field, suffix, _, to_hf, _, per_expert in _moe_entries(cfg):
+            w = np.asarray(getattr(host.layers.moe, field)[i])
+            names = _moe_names(cfg, i, suffix, per_expert)
+            parts = list(w) if per_expert else [w]
+            for name, part in zip(names, parts, strict=True):
+                out[name] = np.ascontiguousarray(to_hf(part))
     out["model.norm.weight"] = np.asarray(host.final_norm)
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = np.ascontiguousarray(np.asarray(host.lm_head).T)
@@ -329,7 +382,7 @@ def _tensor_index(directory: Path) -> dict[str, Path]:
 def load_hf(
     path_or_id: str | os.PathLike, allow_download: bool = True, **overrides: Any
 ) -> tuple[Params, ModelConfig]:
-    """Loads a Hugging Face qwen2 / qwen3 / llama checkpoint.
+    """Loads a Hugging Face qwen2 / qwen3 / llama / qwen3_moe / qwen2_moe checkpoint.
 
     Args:
       path_or_id: a local directory or a hub id.

@@ -161,6 +161,12 @@ def init_lora(rng: Array, cfg: ModelConfig, lora_cfg: LoraConfig) -> LoraParams:
     fan_in = the product of the projection's input dims.
     """
     shapes = param_shapes(cfg).layers
+    absent = [name for name in lora_cfg.targets if getattr(shapes, name) is None]
+    if absent:
+        raise ValueError(
+            f"LoraConfig.targets={lora_cfg.targets}: {cfg.model_type} has no dense {absent} "
+            "projection (its MLP is a mixture of experts); target q, k, v, o"
+        )
     L, r = cfg.num_layers, lora_cfg.rank
     keys = jax.random.split(rng, len(lora_cfg.targets))
     adapters = {}
@@ -216,11 +222,14 @@ def merge_layers(layers: Layers, lora: LoraParams) -> Layers:
 
 def quantize_int8(params: Params) -> Params:
     """The projections (q, k, v, o, gate, up, down) as `Int8Weight`s: symmetric, one scale per
-    output channel (max |w| over the input dims / 127). Norms, biases, embeddings and the LM head
-    stay as they are. The forward accepts the result; the error per weight is at most scale/2."""
+    output channel (max |w| over the input dims / 127). Norms, biases, embeddings, the LM head
+    and an MoE model's experts and router stay as they are. The forward accepts the result; the
+    error per weight is at most scale/2."""
     out = {}
     for name in TARGETS:
         w = getattr(params.layers, name)
+        if w is None:  # an MoE model's dense MLP: its experts stay as they are
+            continue
         if isinstance(w, Int8Weight):
             raise TypeError(f"quantize_int8: projection {name!r} is already int8")
         n_in = IN_DIMS[name]
@@ -263,6 +272,8 @@ def quantized_logical_axes(cfg: ModelConfig) -> Params:
     out = {}
     for name in TARGETS:
         names = getattr(base.layers, name)
+        if names is None:
+            continue
         _, outs = _split(name, names)
         out[name] = Int8Weight(values=names, scale=("layers", *outs))
     return dataclasses.replace(base, layers=dataclasses.replace(base.layers, **out))

@@ -1,13 +1,19 @@
 """The device mesh and every sharding of the RL step, from one table of logical axis names.
 
-The mesh has three axes, ("data", "fsdp", "tensor"), sized by `MeshConfig`. Parameters declare
-logical axis names (`transformer.logical_axes`); `RULES` maps each name to mesh axes:
+The mesh has three axes, ("data", "fsdp", "tensor"), sized by `MeshConfig`, and a fourth,
+"expert", between "fsdp" and "tensor" when `MeshConfig.expert` > 1 (expert parallelism of a
+mixture-of-experts model). Parameters declare logical axis names (`transformer.logical_axes`);
+`RULES` maps each name to mesh axes (an axis the mesh lacks is left out):
 
 ==========  ==================  =============================================================
 logical     mesh axes           why
 ==========  ==================  =============================================================
-batch       ("data", "fsdp")    rows (prompts x samples): data and FSDP parallelism both split
-                                the batch; FSDP additionally splits the weights' embed axis
+batch       ("data", "fsdp",    rows (prompts x samples): data and FSDP parallelism both split
+            "expert")           the batch; FSDP additionally splits the weights' embed axis;
+                                the expert axis is data parallelism for all but the experts
+expert      "expert"            an MoE layer's experts (`model/moe.py`): each device of the
+                                expert axis holds E / expert of them, FSDP-split on D and
+                                tensor-split on their inner width like the dense MLP
 embed       "fsdp"              ZeRO-3 style: every layer's weight matrix is split on its D
                                 axis and all-gathered per layer inside the scan
 q_heads,    "tensor"            Megatron-style tensor parallelism: attention heads and the
@@ -83,8 +89,10 @@ from jax.sharding import PartitionSpec as P
 from rlvr_jax.model.config import ModelConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
+EXPERT_AXIS = "expert"
 RULES: Mapping[str, tuple[str, ...]] = {
-    "batch": ("data", "fsdp"),
+    "batch": ("data", "fsdp", EXPERT_AXIS),
+    "expert": (EXPERT_AXIS,),
     "embed": ("fsdp",),
     "q_heads": ("tensor",),
     "kv_heads": ("tensor",),
@@ -103,49 +111,69 @@ class MeshConfig:
       data: pure data parallelism (rows split, weights replicated).
       fsdp: rows split and weights split on their embed axis.
       tensor: attention heads, MLP and vocabulary split.
-      One of them may be -1: it takes the devices the others leave.
+      expert: an MoE model's experts split (expert parallelism), rows split as by "data"; at
+        1 (the default) the mesh has no expert axis.
+      One of data, fsdp, tensor may be -1: it takes the devices the others leave.
     """
 
     data: int = 1
     fsdp: int = -1
     tensor: int = 1
+    expert: int = 1
 
     def __post_init__(self):
         for name in MESH_AXES:
             value = getattr(self, name)
             if value != -1 and value < 1:
                 raise ValueError(f"mesh.{name}={value} must be positive or -1 (the remainder)")
+        if isinstance(self.expert, bool) or not isinstance(self.expert, int) or self.expert < 1:
+            raise ValueError(f"mesh.expert={self.expert!r} must be an integer >= 1")
         if sum(getattr(self, n) == -1 for n in MESH_AXES) > 1:
             raise ValueError(
                 f"mesh: at most one axis may be -1; got data={self.data}, fsdp={self.fsdp}, "
                 f"tensor={self.tensor}"
             )
 
-    def shape(self, num_devices: int) -> tuple[int, int, int]:
-        """The axis sizes for `num_devices` devices, -1 resolved.
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The mesh's axis names, in order: "expert" between "fsdp" and "tensor" when used."""
+        if self.expert == 1:
+            return MESH_AXES
+        return ("data", "fsdp", EXPERT_AXIS, "tensor")
+
+    def _described(self) -> str:
+        more = f", expert={self.expert}" if self.expert > 1 else ""
+        return f"data={self.data}, fsdp={self.fsdp}, tensor={self.tensor}{more}"
+
+    def shape(self, num_devices: int) -> tuple[int, ...]:
+        """The sizes of `axes` for `num_devices` devices, -1 resolved.
 
         Raises:
           ValueError: when the sizes do not multiply to `num_devices`.
         """
-        sizes = [getattr(self, n) for n in MESH_AXES]
+        sizes = [getattr(self, n) for n in self.axes]
         known = math.prod(s for s in sizes if s != -1)
         if -1 in sizes:
             if num_devices % known:
                 raise ValueError(
-                    f"mesh data={self.data}, fsdp={self.fsdp}, tensor={self.tensor}: "
-                    f"{num_devices} devices are not a multiple of {known}"
+                    f"mesh {self._described()}: {num_devices} devices are not a multiple of {known}"
                 )
             sizes = [num_devices // known if s == -1 else s for s in sizes]
         if math.prod(sizes) != num_devices:
             raise ValueError(
-                f"mesh data={self.data}, fsdp={self.fsdp}, tensor={self.tensor} needs "
-                f"{math.prod(sizes)} devices; there are {num_devices}"
+                f"mesh {self._described()} needs {math.prod(sizes)} devices; there are "
+                f"{num_devices}"
             )
         return tuple(sizes)
 
+    def sizes(self, num_devices: int) -> dict[str, int]:
+        """`shape` by axis name, "expert" included (1 when the mesh has none)."""
+        return {EXPERT_AXIS: 1, **dict(zip(self.axes, self.shape(num_devices), strict=True))}
+
 
 def make_mesh(cfg: MeshConfig = MeshConfig(), devices: Sequence[Any] | None = None) -> Mesh:
-    """The ("data", "fsdp", "tensor") mesh over `devices` (default: all, of every process).
+    """The ("data", "fsdp", "tensor") mesh over `devices` (default: all, of every process), with
+    "expert" before "tensor" when `cfg.expert` > 1.
 
     The axes are `AxisType.Auto`: the compiler propagates shardings between the ones set here.
     (With `Explicit` axes, the default of `jax.make_mesh`, the embedding gather fails on a
@@ -153,8 +181,8 @@ def make_mesh(cfg: MeshConfig = MeshConfig(), devices: Sequence[Any] | None = No
     """
     devices = list(jax.devices() if devices is None else devices)
     shape = cfg.shape(len(devices))
-    auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-    return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
+    auto = (jax.sharding.AxisType.Auto,) * len(cfg.axes)
+    return jax.make_mesh(shape, cfg.axes, axis_types=auto, devices=devices)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,8 +197,8 @@ def logical_spec(
 ) -> P:
     """The PartitionSpec of an array whose dimensions have logical `names` (None: replicated).
 
-    Each dimension keeps the longest prefix of its rule's mesh axes (size-1 axes and axes that an
-    earlier dimension took left out) whose product divides it.
+    Each dimension keeps the longest prefix of its rule's mesh axes (size-1 axes, axes the mesh
+    lacks and axes that an earlier dimension took left out) whose product divides it.
 
     Raises:
       ValueError: a name missing from `rules`, or `names` and `shape` of different lengths.
@@ -185,7 +213,7 @@ def logical_spec(
             continue
         if name not in rules:
             raise ValueError(f"logical axis {name!r} has no rule; known: {sorted(rules)}")
-        axes = [a for a in rules[name] if mesh.shape[a] > 1 and a not in used]
+        axes = [a for a in rules[name] if mesh.shape.get(a, 1) > 1 and a not in used]
         while axes and dim % math.prod(mesh.shape[a] for a in axes):
             axes.pop()
         used.update(axes)
@@ -249,17 +277,23 @@ def constrain_rows(x: jax.Array) -> jax.Array:
     8 devices, 2.7 GB of temporaries per device against 0.55 GB with it.
     """
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not set(RULES["batch"]) <= set(mesh.axis_names):
+    if not has_row_axes(mesh):
         return x
     spec = logical_spec(("batch",), (x.shape[0],), mesh)
     return x if spec == P() else jax.lax.with_sharding_constraint(x, spec)
+
+
+def has_row_axes(mesh: Any) -> bool:
+    """Whether `mesh` (concrete or abstract) is one of ours: it has the "data" and "fsdp" axes
+    that split rows (the expert axis is optional)."""
+    return not mesh.empty and {"data", "fsdp"} <= set(mesh.axis_names)
 
 
 def rows_split_alike(a: int, b: int) -> bool:
     """Whether `constrain_rows` splits a leading axis of `a` rows and one of `b` rows over the
     same mesh axes (True when no mesh is set)."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not set(RULES["batch"]) <= set(mesh.axis_names):
+    if not has_row_axes(mesh):
         return True
     return logical_spec(("batch",), (a,), mesh) == logical_spec(("batch",), (b,), mesh)
 
@@ -274,7 +308,7 @@ def constrain_vocab(x: jax.Array) -> jax.Array:
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
         return x
-    rules = {**RULES, "batch": ("data",)}
+    rules = {**RULES, "batch": ("data", EXPERT_AXIS)}
     names = ("batch", *(None,) * (x.ndim - 2), "vocab")
     spec = logical_spec(names, x.shape, mesh, rules)
     return x if spec == P() else jax.lax.with_sharding_constraint(x, spec)

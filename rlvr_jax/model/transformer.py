@@ -1,4 +1,5 @@
-"""One decoder for Qwen2/2.5, Qwen3 and Llama 3 (SmolLM2), as pure functions over a pytree.
+"""One decoder for Qwen2/2.5, Qwen3, Llama 3 (SmolLM2) and the mixture-of-experts Qwen3-MoE and
+Qwen2-MoE, as pure functions over a pytree (the MoE block itself in `model/moe.py`).
 
 Layers are stacked on a leading axis L and run with `lax.scan`, so compile time does not grow with
 depth. The same `forward` serves training (no cache), prefill (cache, T prompt tokens) and decode
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax.model import attention as attention_lib
+from rlvr_jax.model import moe as moe_lib
 from rlvr_jax.model import sharding
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.kv_cache import KVCache
@@ -43,7 +45,8 @@ class Layers:
     """Per-layer weights, stacked on a leading L axis. Optional fields are None when absent.
 
     The projections (q, k, v, o, gate, up, down) may be `Int8Weight`s: a frozen, quantised base
-    under LoRA adapters (`lora.quantize_int8`).
+    under LoRA adapters (`lora.quantize_int8`). An MoE model has `moe` in place of the dense
+    MLP's gate, up and down.
     """
 
     attn_norm: Array  # (L, D)
@@ -52,14 +55,15 @@ class Layers:
     v: Array  # (L, D, K, Dh)
     o: Array  # (L, H, Dh, D)
     mlp_norm: Array  # (L, D)
-    gate: Array  # (L, D, F)
-    up: Array  # (L, D, F)
-    down: Array  # (L, F, D)
+    gate: Array | None = None  # (L, D, F), dense models
+    up: Array | None = None  # (L, D, F)
+    down: Array | None = None  # (L, F, D)
     q_bias: Array | None = None  # (L, H, Dh), Qwen2
     k_bias: Array | None = None  # (L, K, Dh)
     v_bias: Array | None = None  # (L, K, Dh)
     q_norm: Array | None = None  # (L, Dh), Qwen3
     k_norm: Array | None = None  # (L, Dh)
+    moe: moe_lib.MoeWeights | None = None  # MoE models
 
 
 @jax.tree_util.register_dataclass
@@ -130,6 +134,7 @@ def param_shapes(cfg: ModelConfig) -> Params:
 def logical_axes(cfg: ModelConfig) -> Params:
     """Logical axis names of every parameter, mapped to mesh axes by `model/sharding.py`."""
     opt = lambda on, names: names if on else None  # noqa: E731
+    dense = not cfg.is_moe
     layers = Layers(
         attn_norm=("layers", "embed"),
         q=("layers", "embed", "q_heads", "head_dim"),
@@ -137,14 +142,15 @@ def logical_axes(cfg: ModelConfig) -> Params:
         v=("layers", "embed", "kv_heads", "head_dim"),
         o=("layers", "q_heads", "head_dim", "embed"),
         mlp_norm=("layers", "embed"),
-        gate=("layers", "embed", "mlp"),
-        up=("layers", "embed", "mlp"),
-        down=("layers", "mlp", "embed"),
+        gate=opt(dense, ("layers", "embed", "mlp")),
+        up=opt(dense, ("layers", "embed", "mlp")),
+        down=opt(dense, ("layers", "mlp", "embed")),
         q_bias=opt(cfg.qkv_bias, ("layers", "q_heads", "head_dim")),
         k_bias=opt(cfg.qkv_bias, ("layers", "kv_heads", "head_dim")),
         v_bias=opt(cfg.qkv_bias, ("layers", "kv_heads", "head_dim")),
         q_norm=opt(cfg.qk_norm, ("layers", "head_dim")),
         k_norm=opt(cfg.qk_norm, ("layers", "head_dim")),
+        moe=moe_lib.moe_logical_axes(cfg) if cfg.is_moe else None,
     )
     return Params(
         embed=("vocab", None),  # vocabulary-split, D whole: see model/sharding.py
@@ -170,6 +176,7 @@ def init_params(rng: Array, cfg: ModelConfig, std: float = 0.02) -> Params:
     normal = lambda shape: (std * jax.random.normal(next(keys), shape, jnp.float32)).astype(dt)  # noqa: E731
     ones = lambda shape: jnp.ones(shape, dt)  # noqa: E731
     zeros = lambda shape: jnp.zeros(shape, dt)  # noqa: E731
+    dense = not cfg.is_moe
     layers = Layers(
         attn_norm=ones((L, D)),
         q=normal((L, D, H, Dh)),
@@ -177,14 +184,15 @@ def init_params(rng: Array, cfg: ModelConfig, std: float = 0.02) -> Params:
         v=normal((L, D, K, Dh)),
         o=normal((L, H, Dh, D)),
         mlp_norm=ones((L, D)),
-        gate=normal((L, D, F)),
-        up=normal((L, D, F)),
-        down=normal((L, F, D)),
+        gate=normal((L, D, F)) if dense else None,
+        up=normal((L, D, F)) if dense else None,
+        down=normal((L, F, D)) if dense else None,
         q_bias=zeros((L, H, Dh)) if cfg.qkv_bias else None,
         k_bias=zeros((L, K, Dh)) if cfg.qkv_bias else None,
         v_bias=zeros((L, K, Dh)) if cfg.qkv_bias else None,
         q_norm=ones((L, Dh)) if cfg.qk_norm else None,
         k_norm=ones((L, Dh)) if cfg.qk_norm else None,
+        moe=None if dense else moe_lib.init_moe(jax.random.fold_in(rng, 1), cfg, std, dt),
     )
     return Params(
         embed=normal((V, D)),
@@ -326,11 +334,26 @@ def _out_and_mlp(
     lora: LoraParams | None = None,
 ) -> Array:
     """The rest of a block after attention: output projection, residual, and the MLP."""
+    return _out_and_routed_mlp(x_BTD, attn_BTHd, w, cfg, lora)[0]
+
+
+def _out_and_routed_mlp(
+    x_BTD: Array,
+    attn_BTHd: Array,
+    w: Layers,
+    cfg: ModelConfig,
+    lora: LoraParams | None = None,
+) -> tuple[Array, moe_lib.Routing | None]:
+    """`_out_and_mlp`, and the routing of its B x T tokens, each field (B, T, ...) (None when
+    dense)."""
     x_BTD = x_BTD + _project("bthk,hkd->btd", attn_BTHd, w.o, lora, "o")
     h = rms_norm(x_BTD, w.mlp_norm, cfg.norm_eps)
+    if w.moe is not None:
+        y, routing = moe_lib.moe_mlp(h, w.moe, cfg)
+        return x_BTD + y, jax.tree.map(lambda a: a.reshape(*h.shape[:2], -1), routing)
     gate = _project("btd,df->btf", h, w.gate, lora, "gate")
     up = _project("btd,df->btf", h, w.up, lora, "up")
-    return x_BTD + _project("btf,fd->btd", jax.nn.silu(gate) * up, w.down, lora, "down")
+    return x_BTD + _project("btf,fd->btd", jax.nn.silu(gate) * up, w.down, lora, "down"), None
 
 
 def _self_attend(valid_BT: Array, cfg: ModelConfig, segment_ids_BT: Array | None = None) -> Attend:
@@ -360,10 +383,11 @@ def _layer(
     write_index: Array | None,
     cfg: ModelConfig,
     lora: LoraParams | None = None,
-) -> tuple[Array, tuple[Array, Array] | None]:
+) -> tuple[Array, tuple[Array, Array] | None, moe_lib.Routing | None]:
     """One pre-norm block. With `kv` (this layer's cache) the new keys are written at
     `write_index` and `attend` reads the whole cache; otherwise it reads the new keys only.
-    `lora`: this layer's adapters, or None."""
+    `lora`: this layer's adapters, or None. Returns the block's output, the cache, and the
+    routing of an MoE block (`_out_and_routed_mlp`; None when dense)."""
     dt = x_BTD.dtype
     q, k, v = _qkv(x_BTD, w, rope, cfg, lora)
     if kv is not None:
@@ -374,7 +398,8 @@ def _layer(
         put = lambda c, x: jax.lax.dynamic_update_slice(c, x.swapaxes(1, 2).astype(c.dtype), start)
         kv = (put(cache_k, k), put(cache_v, v))
         k, v = (c.swapaxes(1, 2).astype(dt) for c in kv)
-    return _out_and_mlp(x_BTD, attend(q, k, v), w, cfg, lora), kv
+    x_BTD, routing = _out_and_routed_mlp(x_BTD, attend(q, k, v), w, cfg, lora)
+    return x_BTD, kv, routing
 
 
 def hidden_states(
@@ -406,6 +431,59 @@ def hidden_states(
         its sequence's shared prefix (`attention.BRANCHES`); RoPE reads `positions_BT`, each
         sequence's own positions.
     """
+    x, cache, _ = _decoder(
+        params, tokens_BT, positions_BT, cfg, cache, mask_BT, lora, segment_ids_BT
+    )
+    return x, cache
+
+
+def routing(
+    params: Params,
+    tokens_BT: Array,
+    positions_BT: Array,
+    cfg: ModelConfig,
+    cache: KVCache | None = None,
+    mask_BT: Array | None = None,
+) -> tuple[moe_lib.Routing, KVCache | None]:
+    """The router's decision in every layer, as `hidden_states` computes it (a full pass, or
+    with `cache` a prefill or decode step), and the updated cache. An MoE model only.
+
+    Returns:
+      A `moe.Routing` whose fields are stacked (L, B, T, ...): experts (L, B, T, k), most
+      probable first; their weights; the probabilities (L, B, T, E) in f32.
+
+    Raises:
+      ValueError: for a dense model.
+    """
+    if not cfg.is_moe:
+        raise ValueError(f"routing: model_type={cfg.model_type!r} has no router")
+    _, cache, routed = _decoder(params, tokens_BT, positions_BT, cfg, cache, mask_BT, None, None)
+    return routed, cache
+
+
+def router_choices(
+    params: Params,
+    tokens_BT: Array,
+    positions_BT: Array,
+    cfg: ModelConfig,
+    mask_BT: Array | None = None,
+) -> Array:
+    """The experts (L, B, T, k) each token is routed to in each layer of a full causal pass
+    (most probable first); see `routing`."""
+    return routing(params, tokens_BT, positions_BT, cfg, None, mask_BT)[0].experts_Nk
+
+
+def _decoder(
+    params: Params,
+    tokens_BT: Array,
+    positions_BT: Array,
+    cfg: ModelConfig,
+    cache: KVCache | None,
+    mask_BT: Array | None,
+    lora: LoraParams | None,
+    segment_ids_BT: Array | None,
+) -> tuple[Array, KVCache | None, Array | None]:
+    """`hidden_states`, and the routing of an MoE model's tokens (`routing`; None if dense)."""
     B, T = tokens_BT.shape
     dt = jnp.dtype(cfg.dtype)
     lora = params.lora if lora is None else lora
@@ -431,17 +509,19 @@ def hidden_states(
 
     def body(x, xs):
         w, kv, ad = xs
-        x, kv = _layer(sharding.constrain_rows(x), w, rope, attend, kv, write_index, cfg, ad)
-        return sharding.constrain_rows(x), kv
+        x, kv, routed = _layer(
+            sharding.constrain_rows(x), w, rope, attend, kv, write_index, cfg, ad
+        )
+        return sharding.constrain_rows(x), (kv, routed)
 
     if cfg.remat:
         body = jax.checkpoint(body, prevent_cse=False)
     kv_in = None if cache is None else (cache.k, cache.v)
-    x, kv_out = jax.lax.scan(body, x, (params.layers, kv_in, lora))
+    x, (kv_out, routed) = jax.lax.scan(body, x, (params.layers, kv_in, lora))
     x = rms_norm(x, params.final_norm, cfg.norm_eps)
     if cache is not None:
         cache = KVCache(k=kv_out[0], v=kv_out[1], mask=key_mask_BS, index=cache.index + T)
-    return x, cache
+    return x, cache, routed
 
 
 def _grouped_attention(

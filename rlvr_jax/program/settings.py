@@ -77,6 +77,9 @@ class ModelSettings:
     dtype, param_dtype, remat: `ModelConfig` overrides.
     attention, attention_block: the training forwards' attention (`ModelConfig.attention`):
       "auto", "xla_blockwise", "dense", "cudnn" or "pallas", and the blockwise path's block.
+    moe_dispatch: how a mixture-of-experts model's tokens reach their experts
+      (`ModelConfig.moe_dispatch`): "auto", "ragged", "blocked" or "dense"; no effect on a
+      dense model.
     lora: LoRA adapters (`LoraSettings`); the RL and SFT stages then train the adapters only.
     """
 
@@ -87,6 +90,7 @@ class ModelSettings:
     remat: bool = False
     attention: Literal["auto", "xla_blockwise", "dense", "cudnn", "pallas"] = "auto"
     attention_block: int = 512
+    moe_dispatch: Literal["auto", "ragged", "blocked", "dense"] = "auto"
     lora: LoraSettings = LoraSettings()
 
     def __post_init__(self):
@@ -446,14 +450,18 @@ def check_mesh(s: Settings, num_devices: int) -> None:
     """Raises ConfigError unless the mesh fits the devices and the rows split over its batch
     axes (otherwise every device would hold every row)."""
     try:
-        data, fsdp, _ = s.mesh.shape(num_devices)
+        sizes = s.mesh.sizes(num_devices)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     rows = s.train.batch_prompts * s.rl.group_size
-    if rows % (data * fsdp):
+    data, fsdp, expert = sizes["data"], sizes["fsdp"], sizes["expert"]
+    if rows % (data * fsdp * expert):
+        across = f"data x fsdp = {data} x {fsdp}"
+        if expert > 1:
+            across = f"data x fsdp x expert = {data} x {fsdp} x {expert}"
         raise ConfigError(
             f"train.batch_prompts={s.train.batch_prompts} x rl.group_size={s.rl.group_size} = "
-            f"{rows} rows do not split over the mesh's data x fsdp = {data} x {fsdp} devices"
+            f"{rows} rows do not split over the mesh's {across} devices"
         )
 
 
@@ -513,6 +521,7 @@ RESUME_FREE = frozenset(
         "model.remat",
         "model.attention",
         "model.attention_block",
+        "model.moe_dispatch",
         "rl.logprob_chunk",
         "rl.num_microbatches",
         "rl.sampler.attention_chunk",
@@ -520,6 +529,7 @@ RESUME_FREE = frozenset(
         "mesh.data",
         "mesh.fsdp",
         "mesh.tensor",
+        "mesh.expert",
     }
 )
 

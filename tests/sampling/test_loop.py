@@ -32,7 +32,14 @@ from tests.sampling.fixtures import (
 
 @pytest.mark.parametrize(
     "kind, layer_loop",
-    [("qwen2", "unroll"), ("qwen2", "scan"), ("qwen3", "auto"), ("llama", "auto")],
+    [
+        ("qwen2", "unroll"),
+        ("qwen2", "scan"),
+        ("qwen3", "auto"),
+        ("llama", "auto"),
+        ("qwen3_moe", "unroll"),
+        ("qwen3_moe", "scan"),
+    ],
 )
 def test_greedy_equals_transformers_generate(tiny, kind, layer_loop):
     model, params, cfg = tiny(kind)
@@ -57,8 +64,9 @@ def test_greedy_equals_transformers_generate(tiny, kind, layer_loop):
     assert np.asarray(r.finish_N)[0] == FINISH_EOS
 
 
-def test_sampled_logp_equals_teacher_forced_forward(tiny):
-    _, params, cfg = tiny("qwen2")
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3_moe"])
+def test_sampled_logp_equals_teacher_forced_forward(tiny, kind):
+    _, params, cfg = tiny(kind)
     prompt, lengths = bucket_and_pad(PROMPTS, (16,), pad_id=0, group_size=2)
     scfg = SamplerConfig(max_new_tokens=12, eos_ids=(3, 17), attention_chunk=4)
     sp = sampling_params(len(prompt), temperature=0.7)

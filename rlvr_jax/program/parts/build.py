@@ -81,6 +81,7 @@ def model_overrides(model: ModelSettings, tok: Tokenizer) -> dict[str, Any]:
         remat=model.remat,
         attention=model.attention,
         attention_block=model.attention_block,
+        moe_dispatch=model.moe_dispatch,
     )
     if model.source.startswith("random:") and model.tokenizer.startswith("chars:"):
         out["vocab_size"] = max(tok.vocab_size, 8)
