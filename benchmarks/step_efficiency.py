@@ -2,6 +2,7 @@
 
     python benchmarks/step_efficiency.py                          # imbalance 1, 2, 4, 8
     python benchmarks/step_efficiency.py --imbalance 4 --runs 5
+    python benchmarks/step_efficiency.py --flops-only             # the FLOPs' causes, in seconds
 
 Both sides run in this process on the same prompts, key, weights and rewards:
 - plain: the static sampler (every row decodes until the longest ends), then the padded update
@@ -91,9 +92,8 @@ def _grouped(rollout, G: int):
     return dataclasses.replace(rollout, prompt_NP=prompt, prompt_lengths_N=lengths)
 
 
-def measure(args, imbalance: float) -> dict:
-    B, G, P, T = args.prompts, args.group, args.prompt_len, args.max_new_tokens
-    N = B * G
+def _workload(args, imbalance: float):
+    """(params, cfg, end id, wanted lengths, prompt, prompt lengths) at `imbalance`."""
     base = PRESETS["tiny"].replace(
         num_layers=args.layers,
         embed_dim=args.dim,
@@ -101,10 +101,50 @@ def measure(args, imbalance: float) -> dict:
         attention="xla_blockwise",
         attention_block=128,
     )
+    T = args.max_new_tokens
     params, cfg, end = forced_length_model(base, T)
     rng = np.random.default_rng(int(imbalance * 10))
-    want = lognormal_lengths(N, T, imbalance, rng)
-    prompt, prompt_lengths = forcing_prompts(want, T, P, cfg.vocab_size, rng)
+    want = lognormal_lengths(args.prompts * args.group, T, imbalance, rng)
+    prompt, prompt_lengths = forcing_prompts(want, T, args.prompt_len, cfg.vocab_size, rng)
+    return params, cfg, end, want, prompt, prompt_lengths
+
+
+def _plan(args, cfg, prompt_lengths_N, mask_NT):
+    """The efficient side's packing of the rows (None: the padded update), as the RL stage
+    plans it: each group's prompt read as its first row's."""
+    G, P, T = args.group, args.prompt_len, args.max_new_tokens
+    N = len(prompt_lengths_N)
+    packing = packing_lib.plan(
+        np.repeat(np.asarray(prompt_lengths_N)[::G], G),
+        np.asarray(mask_NT),
+        P,
+        length=args.pack_length,
+        num_microbatches=args.microbatches,
+        group_size=G,
+        block=cfg.attention_block,
+    )
+    padded = packing_lib.padded_positions(N, P, T, G)
+    return packing if packing_lib.worth_packing(packing, padded) else None
+
+
+def flops(args, imbalance: float) -> dict:
+    """The FLOPs of both updates and of the real need, and the packed update's waste by cause,
+    from the layouts alone (the forced lengths are the rollout's: no model runs)."""
+    _, cfg, _, want, _, prompt_lengths = _workload(args, imbalance)
+    G, P, T = args.group, args.prompt_len, args.max_new_tokens
+    packing = _plan(args, cfg, prompt_lengths, np.arange(T)[None, :] < want[:, None])
+    p_B = np.asarray(prompt_lengths)[::G]
+    out = layout_flops(cfg, p_B, want, P, T, packing, block=cfg.attention_block)
+    out["imbalance"] = T / float(want.mean())
+    out["tokens"] = int(p_B.sum() + want.sum())
+    out["shape"] = None if packing is None else packing.src_MRL.shape
+    return out
+
+
+def measure(args, imbalance: float) -> dict:
+    B, G, P, T = args.prompts, args.group, args.prompt_len, args.max_new_tokens
+    N = B * G
+    params, cfg, end, want, prompt, prompt_lengths = _workload(args, imbalance)
     scfg = SamplerConfig(max_new_tokens=T, eos_ids=(end,), pad_id=0)
     rollouts = {
         "plain": _rollout_side(params, cfg, scfg, prompt, prompt_lengths, None),
@@ -124,19 +164,9 @@ def measure(args, imbalance: float) -> dict:
     rewards = (np.random.default_rng(1).random(N) < 0.3).astype(np.float32)
     parts = {"correct": rewards}
     padded = packing_lib.padded_positions(N, P, T, G)
+    plan = lambda r: _plan(args, cfg, r.prompt_lengths_N, r.mask_NT)  # noqa: E731
 
-    def plan(rollout):
-        packing = packing_lib.plan(
-            np.asarray(rollout.prompt_lengths_N),
-            np.asarray(rollout.mask_NT),
-            P,
-            length=args.pack_length,
-            num_microbatches=args.microbatches,
-            group_size=G,
-        )
-        return packing if packing_lib.worth_packing(packing, padded) else None
-
-    first = plan(_grouped(other, G))
+    first = plan(other)
     compiled = {
         side: update.lower(fresh(), _grouped(r, G), rewards, parts, packing).compile()
         for side, r, packing in (("plain", ref, None), ("efficient", other, first))
@@ -147,7 +177,7 @@ def measure(args, imbalance: float) -> dict:
             seconds, r = rollouts[side]()
             rollout, state = _grouped(r, G), fresh()
             start = time.perf_counter()
-            packing = None if side == "plain" else plan(rollout)
+            packing = None if side == "plain" else plan(r)
             jax.block_until_ready(compiled[side](state, rollout, rewards, parts, packing))
             if i:
                 times[side]["rollout"].append(seconds)
@@ -168,6 +198,30 @@ def measure(args, imbalance: float) -> dict:
     return out
 
 
+def _print_flops(args) -> None:
+    print(
+        "| imbalance | real tokens | packed M x R x L | GFLOP plain / efficient / real "
+        "| eff / real | prompts again | padding | attention blocks | unembedding |"
+    )
+    print("|---:|---:|---|---|---:|---:|---:|---:|---:|")
+    for imbalance in (float(x) for x in args.imbalance.split(",")):
+        r = flops(args, imbalance)
+        need = r["real"]
+        eff = r["padded"] if r["shape"] is None else r["packed"]
+        shape = "padded" if r["shape"] is None else " x ".join(map(str, r["shape"]))
+        waste = r.get("waste") if r["shape"] is not None else None
+        parts = " | ".join(
+            f"{waste[k] / need:.3f}" if waste else "-"
+            for k in ("prompts again", "padding", "attention blocks", "unembedding")
+        )
+        print(
+            f"| {r['imbalance']:.2f} | {r['tokens']} | {shape} "
+            f"| {r['padded'] / 1e9:.1f} / {eff / 1e9:.1f} / {need / 1e9:.1f} "
+            f"| {eff / need:.3f} | {parts} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--imbalance", default="1,2,4,8")
@@ -178,9 +232,15 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--pack-length", type=int, default=0, help="rl.pack_length (0: P + T)")
+    p.add_argument("--pack-length", type=int, default=0, help="rl.pack_length (0: chosen per step)")
     p.add_argument("--slots", type=int, default=16, help="decode slots of continuous batching")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument(
+        "--flops-only",
+        action="store_true",
+        help="only the FLOPs, from the layouts (no model runs), with the packed update's "
+        "waste by cause as fractions of the real need",
+    )
     args = p.parse_args()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
@@ -189,6 +249,9 @@ def main() -> None:
         f"{args.layers} layers of {args.dim}, {args.microbatches} microbatches, {args.slots} "
         f"slots, median of {args.runs}\n"
     )
+    if args.flops_only:
+        _print_flops(args)
+        return
     print(
         "| imbalance | positions plain / efficient | GFLOP plain / efficient / real | eff / real "
         "| rollout s plain / eff | update s plain / eff | step s plain / eff "

@@ -96,16 +96,25 @@ def update_flops(cfg, positions: float, predicting: float, pairs: float) -> floa
 
 def packed_pairs(segment_RL: np.ndarray, block: int) -> int:
     """The (query, key) pairs blockwise attention computes on packed rows: whole blocks of
-    `block` x `block`, from the block of each query block's first sequence start to the causal
-    diagonal (`attention._first_key_block`)."""
-    seq_RL = segment_RL // BRANCHES
-    R, L = seq_RL.shape
+    `block` x `block`; per query block, the key blocks of its sequences' prefixes and of its own
+    branches up to the causal diagonal, each bound taken over the rows at the block's first
+    query (`attention._block_ranges`)."""
+    R, L = segment_RL.shape
     b = min(block, L)
     n = -(-L // b)
-    begins = np.concatenate([np.ones((R, 1), bool), seq_RL[:, 1:] != seq_RL[:, :-1]], axis=1)
-    starts = np.maximum.accumulate(np.where(begins, np.arange(L)[None, :], 0), axis=1)
-    first = starts[:, ::b].min(axis=0) // b  # per query block, over the rows, as the kernel
-    return int(R * sum((i + 1 - first[i]) * b * b for i in range(n)))
+    seg = np.pad(segment_RL, ((0, 0), (0, n * b - L)))
+    index = np.arange(n * b)
+
+    def run_starts(x):
+        begins = np.concatenate([np.ones((R, 1), bool), x[:, 1:] != x[:, :-1]], axis=1)
+        return np.maximum.accumulate(np.where(begins, index, 0), axis=1)[:, ::b]
+
+    start = run_starts(seg // BRANCHES).min(axis=0) // b
+    last_prefix = np.maximum.accumulate(np.where(seg % BRANCHES == 0, index, -1), axis=1)
+    prefix_end = np.minimum(last_prefix[:, ::b].max(axis=0) // b + 1, np.arange(1, n + 1))
+    branch = np.maximum(run_starts(seg).min(axis=0) // b, np.maximum(prefix_end, start))
+    prefix = np.maximum(prefix_end - start, 0)
+    return int(R * (prefix + np.maximum(np.arange(1, n + 1) - branch, 0)).sum() * b * b)
 
 
 def layout_flops(
@@ -113,10 +122,14 @@ def layout_flops(
 ) -> dict:
     """`update_flops` of the padded update (shared prompt; exact causal pairs), of `packing`
     (pairs as blockwise attention with `block` computes them, `packed_pairs`), and of the real
-    need (each group's prompt once, exact causal pairs)."""
+    need (each group's prompt once, exact causal pairs); with `packing`, also "waste": the
+    packed update's FLOPs beyond the real need by cause (prompts packed again in a second
+    packed row, padding positions, attention pairs of whole blocks, unembedded positions that
+    predict no completion token)."""
     G = len(c_N) // len(p_B)
     p_N = np.repeat(p_B, G)
     tri = lambda n: n * (n + 1) / 2  # noqa: E731
+    real_pairs = tri(p_B).sum() + (c_N * p_N + tri(c_N)).sum()
     out = {
         "padded": update_flops(
             cfg,
@@ -124,12 +137,18 @@ def layout_flops(
             len(c_N) * T,
             len(p_B) * tri(P) + len(c_N) * (T * P + tri(T)),
         ),
-        "real": update_flops(
-            cfg, p_B.sum() + c_N.sum(), c_N.sum(), tri(p_B).sum() + (c_N * p_N + tri(c_N)).sum()
-        ),
+        "real": update_flops(cfg, p_B.sum() + c_N.sum(), c_N.sum(), real_pairs),
     }
     if packing is not None:
         M, R, L = packing.src_MRL.shape
         pairs = sum(packed_pairs(np.asarray(seg), block) for seg in packing.segment_MRL)
         out["packed"] = update_flops(cfg, M * R * L, packing.at_MK.size, pairs)
+        placed = int((np.asarray(packing.segment_MRL) > 0).sum())
+        # What the packed update computes beyond the real need, by cause (they sum to it).
+        out["waste"] = {
+            "prompts again": update_flops(cfg, placed - p_B.sum() - c_N.sum(), 0, 0),
+            "padding": update_flops(cfg, M * R * L - placed, 0, 0),
+            "attention blocks": update_flops(cfg, 0, 0, pairs - real_pairs),
+            "unembedding": update_flops(cfg, 0, packing.at_MK.size - c_N.sum(), 0),
+        }
     return out

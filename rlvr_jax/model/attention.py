@@ -6,12 +6,14 @@ site by `resolve_attention` from `ModelConfig.attention`:
 * "xla_blockwise": pure JAX, flash-style. Queries are cut into blocks of `block_q` rows and keys
   into blocks of `block_k`; each query block runs an online softmax over its key blocks in f32,
   and key blocks that causality hides from the whole query block are never visited (the loop
-  bound is per query block). The backward is written by hand (`jax.custom_vjp`): it keeps only
-  q, k, v, the output and the log-sum-exp (O(T) per row) and recomputes each block's scores,
-  FlashAttention-2 style (outer loop over key blocks, inner over the query blocks that can see
-  them, dq accumulated in place). Grouped-query heads are a (K, G) split of H, so k and v are
-  never repeated G times. The mask is never an array: key validity is a (B, S) vector and
-  causality is `key j visible to query i iff j <= i + offset`, both applied per block.
+  bound is per query block; on packed rows only the blocks of the query block's sequences'
+  prefixes and of its own branches are visited, `_block_ranges`). The backward is written by
+  hand (`jax.custom_vjp`): it keeps only q, k, v, the output and the log-sum-exp (O(T) per
+  row) and recomputes each block's scores, FlashAttention-2 style (outer loop over key blocks,
+  inner over the query blocks that can see them, dq accumulated in place). Grouped-query heads
+  are a (K, G) split of H, so k and v are never repeated G times. The mask is never an array:
+  key validity is a (B, S) vector and causality is `key j visible to query i iff
+  j <= i + offset`, both applied per block.
 * "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")` on NVIDIA GPUs.
 * "pallas": the splash attention kernel jax ships for TPUs, with segment ids for padding.
 
@@ -179,31 +181,46 @@ def _key_blocks_seen(i: Array, bq: int, bk: int, nk: int, offset: int | None) ->
     return jnp.clip(((i + 1) * bq + offset + bk - 1) // bk, 0, nk)
 
 
-def _first_key_block(segs: tuple[Array, ...], i: Array, bq: int, bk: int) -> int | Array:
-    """The first key block query block i can see: 0, or with packed rows' sequence starts
-    (`_sequence_starts`) the block of the earliest start among the block's first queries."""
-    if len(segs) < 3:
-        return 0
-    return jnp.min(jax.lax.dynamic_index_in_dim(segs[2], i * bq, axis=1, keepdims=False)) // bk
+def _packed_bounds(seg_BT: Array) -> Array:
+    """(B, T, 3) int32 per token of packed rows: where its sequence (`seg // BRANCHES`) begins,
+    the last prefix (branch 0) position at or before it (-1: none), and where its branch's run
+    begins; a run of padding (segment 0) is a sequence of its own.
 
-
-def _query_blocks_seeing(segs: tuple[Array, ...], j: Array, bq: int, bk: int, nq: int):
-    """How many leading query blocks can see key block j: all, or with packed rows' sequence
-    starts only those holding a query whose sequence starts before the block's end."""
-    if len(segs) < 3:
-        return nq
-    # Starts do not decrease along a row, so the queries that can reach the block are a prefix.
-    reach = jnp.max(jnp.sum(segs[2] < (j + 1) * bk, axis=1))
-    return jnp.minimum(-(-reach // bq), nq)
-
-
-def _sequence_starts(seg_BT: Array) -> Array:
-    """(B, T) int32: the index where each token's sequence (`seg // BRANCHES`) begins in its
-    packed row; a run of padding (segment 0) is a sequence of its own."""
-    seq = seg_BT // BRANCHES
+    With each sequence and each branch a contiguous run, the prefix before the branches (as
+    `rl.packing` lays them out), a query sees keys only in [its sequence's start, the last
+    prefix position] and [its branch's start, itself]: a completion skips the other
+    completions of its group packed before it, not just the other sequences."""
     index = jnp.arange(seg_BT.shape[1], dtype=jnp.int32)[None, :]
-    begins = jnp.concatenate([jnp.ones_like(seq[:, :1], bool), seq[:, 1:] != seq[:, :-1]], 1)
-    return jax.lax.cummax(jnp.where(begins, index, 0), axis=1)
+
+    def run_starts(x_BT):
+        begins = jnp.concatenate([jnp.ones_like(x_BT[:, :1], bool), x_BT[:, 1:] != x_BT[:, :-1]], 1)
+        return jax.lax.cummax(jnp.where(begins, index, 0), axis=1)
+
+    last_prefix = jax.lax.cummax(jnp.where(seg_BT % BRANCHES == 0, index, -1), axis=1)
+    return jnp.stack([run_starts(seg_BT // BRANCHES), last_prefix, run_starts(seg_BT)], axis=-1)
+
+
+def _block_ranges(bounds_BT3: Array, bq: int, bk: int, nq: int, nk: int, offset: int):
+    """Per query block, the key blocks it can see as two ranges, [start, prefix_end) (its
+    sequences' prefixes) and [branch, last) (its own branches up to the causal diagonal), each
+    (nq,) int32. They bound every row's `_packed_bounds` at the block's first query (the
+    earliest of the block's): the minimum start and branch and the maximum prefix end over
+    the rows. All three do not decrease with the block, which the backward relies on."""
+    first_BN3 = bounds_BT3[:, ::bq]
+    last = _key_blocks_seen(jnp.arange(nq), bq, bk, nk, offset)
+    start = jnp.min(first_BN3[..., 0], axis=0) // bk
+    prefix_end = jnp.minimum(jnp.max(first_BN3[..., 1], axis=0) // bk + 1, last)
+    branch = jnp.min(first_BN3[..., 2], axis=0) // bk
+    return start, prefix_end, branch
+
+
+def _two_ranges(lo: Array, end1: Array, start2: Array, hi: Array):
+    """(count, index): the union of [lo, end1) and [start2, hi) (start2 >= lo) in order, without
+    repeats; index(k) is its k-th element."""
+    n1 = jnp.maximum(end1 - lo, 0)
+    start2 = jnp.maximum(start2, lo + n1)
+    count = n1 + jnp.maximum(hi - start2, 0)
+    return count, lambda k: jnp.where(k < n1, lo + k, start2 + k - n1)
 
 
 def _first_query_block(j: Array, bq: int, bk: int, offset: int | None) -> int | Array:
@@ -232,6 +249,7 @@ def _flash_forward(q, k, v, segs, offset, bq, bk):
     B, K, G, Tp, Dh = q.shape
     nq, nk = Tp // bq, k.shape[2] // bk
     scale = 1.0 / math.sqrt(Dh)
+    ranges = _block_ranges(segs[2], bq, bk, nq, nk, offset) if len(segs) > 2 else None
 
     def query_block(i, carry):
         out, lse = carry
@@ -256,8 +274,13 @@ def _flash_forward(q, k, v, segs, offset, bq, bk):
             jnp.zeros((B, K, G, bq, Dh), jnp.float32),
         )
         num_blocks = _key_blocks_seen(i, bq, bk, nk, offset)
-        first = _first_key_block(segs, i, bq, bk)
-        row_max, row_sum, acc = jax.lax.fori_loop(first, num_blocks, key_block, init)
+        if ranges is None:
+            row_max, row_sum, acc = jax.lax.fori_loop(0, num_blocks, key_block, init)
+        else:  # packed rows: the key blocks of the block's prefixes and branches only
+            start, prefix_end, branch = (x[i] for x in ranges)
+            count, j = _two_ranges(start, prefix_end, branch, num_blocks)
+            step = lambda n, state: key_block(j(n), state)  # noqa: E731
+            row_max, row_sum, acc = jax.lax.fori_loop(0, count, step, init)
         seen = row_sum > 0
         row_sum = jnp.where(seen, row_sum, 1.0)
         out_i = (acc / row_sum[..., None]).astype(out.dtype)
@@ -278,6 +301,7 @@ def _flash_backward(q, k, v, segs, out, lse, d_out, d_lse, offset, bq, bk):
     f32 = jnp.float32
     # rowsum(dO * O) - dlse: the softmax backward's per-row term, lse's cotangent folded in.
     delta = jnp.sum(d_out.astype(f32) * out.astype(f32), axis=-1) - d_lse
+    ranges = _block_ranges(segs[2], bq, bk, nq, nk, offset) if len(segs) > 2 else None
 
     def key_block(j, carry):
         dq, dk, dv = carry
@@ -301,8 +325,18 @@ def _flash_backward(q, k, v, segs, out, lse, d_out, d_lse, offset, bq, bk):
 
         zeros = jnp.zeros((B, K, bk, Dh), f32)
         first = _first_query_block(j, bq, bk, offset)
-        last = _query_blocks_seeing(segs, j, bq, bk, nq)
-        dq, dk_j, dv_j = jax.lax.fori_loop(first, last, query_block, (dq, zeros, zeros))
+        if ranges is None:
+            dq, dk_j, dv_j = jax.lax.fori_loop(first, nq, query_block, (dq, zeros, zeros))
+        else:
+            # The query blocks whose ranges (`_block_ranges`) hold j: as the bounds do not
+            # decrease, those whose branch range does are [first, #(branch <= j)), and those
+            # whose prefix range does are [#(prefix_end <= j), #(start <= j)).
+            start, prefix_end, branch = ranges
+            count, i = _two_ranges(
+                first, jnp.sum(branch <= j), jnp.sum(prefix_end <= j), jnp.sum(start <= j)
+            )
+            step = lambda n, state: query_block(i(n), state)  # noqa: E731
+            dq, dk_j, dv_j = jax.lax.fori_loop(0, count, step, (dq, zeros, zeros))
         put = lambda x, x_j: jax.lax.dynamic_update_slice_in_dim(x, x_j, j * bk, axis=2)
         return dq, put(dk, dk_j), put(dv, dv_j)
 
@@ -376,9 +410,9 @@ def blockwise_attention(
     segs = _segments(valid_BS, segments, T)
     segs = (_pad_axis(segs[0], 1, Tp), _pad_axis(segs[1], 1, Sp))
     if segments is not None and causal_offset == 0 and T == S:
-        # Packed rows: a query block loops over the key blocks from its sequences' starts only,
-        # not over the whole causal prefix of the row.
-        segs = (*segs, _sequence_starts(segs[0]))
+        # Packed rows: a query block loops over the key blocks of its sequences' prefixes and
+        # its own branches only, not over the whole causal prefix of the row.
+        segs = (*segs, _packed_bounds(segs[0]))
     out, lse = _flash(q, k, v, segs, causal_offset, bq, bk)
     out_BTHd = out[:, :, :, :T].transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
     return out_BTHd, lse[:, :, :, :T].transpose(0, 3, 1, 2).reshape(B, T, H)

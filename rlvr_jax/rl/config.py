@@ -55,16 +55,18 @@ class RLConfig:
         groups whose rows have all ended. Tokens an older policy sampled are corrected by
         `loss.tis_cap`, which must be set; the think budget is refused.
       pack: the packed update (`rl.packing`): the step's rows packed by their real lengths
-        into rows of `pack_length` tokens, each group's prompt once, so that the update's
-        forwards and backward skip the padding; the numbers are the padded update's to float
-        noise. It needs one minibatch, runs the rollout and the update as two programs (the
-        packing is planned on the host between them) and compiles one update per packed row
-        count its steps reach (`packing.row_buckets`). A step whose rows are too even for
+        into a packed row per row shard and microbatch, each group's prompt once, so that the
+        update's forwards and backward skip the padding; the numbers are the padded update's
+        to float noise. It needs one minibatch, runs the rollout and the update as two programs
+        (the packing is planned on the host between them) and compiles one update per packed
+        shape its steps reach (`packing.length_buckets`). A step whose rows are too even for
         packing to pay runs the padded update (`packing.worth_packing`). "auto" (the default):
         packed where the step is already two programs (a host verifier, dynamic sampling,
         partial rollouts, tools) with one minibatch; True also splits a fused step.
-      pack_length: tokens per packed row; 0: twice the padded row's length (prompt bucket plus
-        `max_new_tokens`), which packs long rows in pairs.
+      pack_length: tokens per packed row, with bucketed row counts (`packing.row_buckets`);
+        0: one packed row per row shard and microbatch, its length chosen per step
+        (`packing.length_buckets`: multiples of `model.attention_block`, at most a sixteenth
+        over the step's tokens).
       pack_microbatch_tokens: the token budget of one packed microbatch; the packed rows go to
         the fewest microbatches within it. 0: the padded microbatch's (its rows times the
         padded length; with `num_microbatches="auto"`, the count the memory search kept).

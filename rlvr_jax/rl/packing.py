@@ -1,29 +1,33 @@
-"""The packed update: a step's rows packed into a few rows of a fixed length by their real
-lengths, so the update's forwards and backward pay for real tokens only.
+"""The packed update: a step's rows packed by their real lengths into a few long rows, so the
+update's forwards and backward pay for real tokens only.
 
 Reasoning answers are long-tailed: padded to the longest row of a step, most of the update's
 token positions are padding. Here a group's prompt (without the left padding) is written once,
 then the completions of its rows up to their ends, as the shared-prompt forward does: each
 completion is a branch of the group's segment that sees the prompt and itself
-(`attention.segment_visible`); `group_size=1` gives every row its own prompt and a plain
-segment (what splash attention can mask). First-fit decreasing places these units in packed rows
-of `length` tokens (a group too long for one is split over several, its prompt in each), and
-every token keeps its own RoPE position (`transformer.hidden_states(segment_ids_BT=...)`). The
-log-probs are computed at the packed positions that predict a completion token (the unembedding
-skips the prompts) and gathered back to the (N, T) layout, where the losses, advantages and
-metrics read them exactly as they read the padded update's.
+(`attention.segment_visible`, and blockwise attention visits only those blocks);
+`group_size=1` gives every row its own prompt and a plain segment (what splash attention can
+mask). Every token keeps its own RoPE position (`transformer.hidden_states(segment_ids_BT=...)`).
+The log-probs are computed at the packed positions that predict a completion token (the
+unembedding skips the prompts) and gathered back to the (N, T) layout, where the losses,
+advantages and metrics read them exactly as they read the padded update's.
 
-Microbatches are balanced by tokens, not rows: a packed microbatch holds at most a token
-budget (by default the padded microbatch's, N / M rows of S tokens), the packed rows go to the
-fewest microbatches M' that hold them, largest first, and a microbatch's loss covers the rows
-packed into it, with the whole batch's normaliser, so the gradients sum to the full batch's.
-Shapes stay static: M' is a small count and the packed row count R is bucketed (`row_buckets`:
-eight sizes per doubling), so a run compiles the few update programs its lengths reach, not one
-per step.
+The layout (`plan`): M' microbatches of R packed rows of L tokens. By default R is the mesh's
+row shards (one row on one device) and L is chosen per step: the shortest of `length_buckets`
+(multiples of the attention block, 16 per doubling) that `_fill` fills with the step's rows in
+the fewest microbatches within a token budget (by default the padded microbatch's, N / M rows
+of S tokens). A step then computes its real tokens plus the rounding to that length (about a
+sixteenth at most), the packed rows' ends cost nothing, and a group's prompt is packed again
+only where the group is split. Long rows cost no attention between sequences because
+blockwise attention skips the blocks no query of a block sees; for dense and splash attention,
+which do not, and with a fixed `length`, the rows have a fixed length and R is bucketed
+(`row_buckets`). Shapes stay static: a run compiles the few update programs its lengths reach,
+not one per step. A microbatch's loss covers the rows packed into it, with the whole batch's
+normaliser, so the gradients sum to the full batch's.
 
-The plan (`plan`) is host code on the rollout's lengths; `packed_logprobs` runs inside the
-jitted update. Shapes: N rows, P prompt and T completion columns, S = P + T; M' microbatches of
-R packed rows of L tokens each.
+The plan is host code on the rollout's lengths; `packed_logprobs` runs inside the jitted
+update. Shapes: N rows, P prompt and T completion columns, S = P + T; M' microbatches of R
+packed rows of L tokens each.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ class Packing:
     src_MRL: Array  # (M, R, L) int32: flat index into the (N, S) sequences; 0 at padding
     segment_MRL: Array  # (M, R, L) int32: the segment (1, 2, ...) in its packed row; 0 padding
     at_MK: Array  # (M, K) int32: flat index into microbatch m's (R, L) of its k-th position
-    #               that predicts a completion token (K = R' x L, R' <= R); 0 at padding
+    #               that predicts a completion token (K = R x L', L' <= L); 0 at padding
     tgt_MK: Array  # (M, K) int32: flat index into the (N, S) sequences of the token it predicts
     pred_NT: Array  # (N, T) int32: the k (into at_MK[m]) of the position whose hidden state
     #                 predicts completion token t of row n; 0 if not real
@@ -61,18 +65,30 @@ class Packing:
         return self.src_MRL.shape[0]
 
 
-def row_buckets(num_rows: int, multiple: int) -> list[int]:
-    """The packed row counts a run may compile: `multiple` x 1, 2, ..., 8, then eight steps per
-    doubling (9 ... 16 by 1, 18 ... 32 by 2, ...: at most an eighth of a bucket is empty rows)
-    below `num_rows`, and `num_rows` itself (which holds the rows without packing). A run
-    compiles the few of them its steps' lengths reach."""
+def _buckets(limit: int, unit: int, per_doubling: int) -> list[int]:
+    """`unit` x 1, 2, ..., `per_doubling` (a power of two), then `per_doubling` steps per
+    doubling, below `limit`; and `limit` itself."""
     sizes, k, step = [], 1, 1
-    while k * multiple < num_rows:
-        sizes.append(k * multiple)
-        if k >= 8 and k & (k - 1) == 0:  # a power of two from 8 on: the step doubles
-            step = k // 8
+    while k * unit < limit:
+        sizes.append(k * unit)
+        if k >= per_doubling and k & (k - 1) == 0:  # a power of two from there on: step doubles
+            step = k // per_doubling
         k += step
-    return [*sizes, num_rows]
+    return [*sizes, limit]
+
+
+def row_buckets(num_rows: int, multiple: int) -> list[int]:
+    """The packed row counts a run with a fixed row length may compile: `multiple` x 1, ..., 8,
+    then eight steps per doubling (9 ... 16 by 1, 18 ... 32 by 2, ...: at most an eighth of a
+    bucket is empty rows) below `num_rows`, and `num_rows` itself."""
+    return _buckets(num_rows, multiple, 8)
+
+
+def length_buckets(longest: int, block: int) -> list[int]:
+    """The packed row lengths a run may compile: multiples of `block` (the attention block, so
+    that blockwise attention pads no row), 1 ... 16 blocks, then sixteen steps per doubling (a
+    length at most a sixteenth over the one below), below `longest`, and `longest`."""
+    return _buckets(longest, block, 16)
 
 
 def real_lengths(prompt_lengths_N: np.ndarray, mask_NT: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -87,23 +103,6 @@ def real_lengths(prompt_lengths_N: np.ndarray, mask_NT: np.ndarray) -> tuple[np.
     return np.asarray(prompt_lengths_N, np.int64), completion_N.astype(np.int64)
 
 
-def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
-    """Bins (lists of item indices) of total length <= `capacity`, longest items first."""
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        n = int(lengths[i])
-        for b, free in enumerate(room):
-            if n <= free:
-                bins[b].append(i)
-                room[b] -= n
-                break
-        else:
-            bins.append([i])
-            room.append(capacity - n)
-    return bins
-
-
 def plan(
     prompt_lengths_N: np.ndarray,
     mask_NT: np.ndarray,
@@ -114,6 +113,8 @@ def plan(
     row_multiple: int = 1,
     group_size: int = 1,
     microbatch_tokens: int = 0,
+    block: int = 128,
+    skips_blocks: bool = True,
 ) -> Packing:
     """The packed layout of one rollout's rows (host numpy arrays).
 
@@ -121,24 +122,30 @@ def plan(
       prompt_lengths_N: real prompt tokens per row (left-padded to `prompt_len`).
       mask_NT: the completions' real tokens (a prefix of each row).
       prompt_len: P, the prompt columns.
-      length: L, tokens per packed row; 0: 2 S = 2 (P + T), twice the padded row's length,
-        which packs long rows in pairs (`benchmarks/step_efficiency.py`), or S where a
-        microbatch of 2 S rows would have fewer rows than `row_multiple`.
+      length: L, tokens per packed row, with the row count R per microbatch bucketed
+        (`row_buckets`); 0: R = `row_multiple` and L per step (`length_buckets`), or with
+        `skips_blocks` False 2 S (S where a microbatch would hold fewer than `row_multiple`
+        rows of 2 S).
       num_microbatches: the padded update's microbatches, each of N / M rows of S tokens.
       microbatch_tokens: the token budget of one packed microbatch; 0: the padded
-        microbatch's, (N / M) x S, so that a packed one fits where a padded one does. The
-        packed rows go to the fewest microbatches within the budget that hold them, dealt by
-        real tokens.
+        microbatch's, (N / M) x S, so that a packed one fits where a padded one does. The rows
+        go to the fewest microbatches within the budget that hold them, balanced by tokens.
       row_multiple: every microbatch's packed row count is a multiple of this (the mesh's row
         shards).
       group_size: G > 1: rows `g * G ... g * G + G - 1` share their prompt, which is packed
         once per packed row that holds completions of the group, each completion a branch
         that sees it (`attention.BRANCHES`); 1: every row its own prompt, plain segments.
+      block: the attention block; default row lengths and the unembedding's rows are multiples
+        of it.
+      skips_blocks: whether the attention skips the key blocks no query of a query block sees
+        (blockwise attention does), so that a long packed row costs what its sequences do;
+        dense and splash attention pay for a row's whole causal square, so they take rows of a
+        fixed length.
 
     Returns:
-      The `Packing` of M' microbatches, with R the smallest bucket (`row_buckets`) that holds
-      the rows, and R' the smallest that holds a microbatch's predicting positions in rows of
-      L (the unembedding runs on those only, not on the prompts).
+      The `Packing` of M' microbatches of the smallest (R, L) that `_fill` fills, and of
+      predicting positions in (R, L') with L' the smallest of `length_buckets` that holds a
+      microbatch's (the unembedding runs on those only, not on the prompts).
     """
     N, T = np.shape(mask_NT)
     S = prompt_len + T
@@ -152,24 +159,14 @@ def plan(
             f"microbatches of a multiple of {row_multiple} rows"
         )
     budget = microbatch_tokens or N // num_microbatches * S
-    # Long rows in pairs, unless then a microbatch would not hold a packed row per row shard.
-    L = length or (2 * S if budget // (2 * S) >= row_multiple else S)
-    r_max = budget // L // row_multiple * row_multiple
-    if r_max < 1:
-        raise ValueError(
-            f"a microbatch of {budget} tokens holds no {row_multiple} packed rows of {L} tokens"
-        )
-    units = _units(p_N, c_N, G, L)
-    sizes = np.array([p_N[u[0]] + c_N[u].sum() for u in units], np.int64)
-    bins = first_fit_decreasing(sizes, L)
-    M = -(-max(len(bins), 1) // r_max)
-    per_micro = -(-max(len(bins), 1) // M)
-    R = next(r for r in row_buckets(r_max, row_multiple) if r >= per_micro)
-    src, segment, at, tgt, pred, micro = _place(
-        units, bins, sizes, p_N, c_N, (M, R, L), prompt_len, T
-    )
-    most = -(-max(map(len, at)) // L)
-    K = L * next(r for r in row_buckets(r_max, row_multiple) if r >= most)
+    if not (length or skips_blocks):
+        length = 2 * S if budget // (2 * S) >= row_multiple else S
+    shapes = _shapes(budget, length, row_multiple, block)
+    groups = _groups(p_N, c_N, G, shapes[-1][1], length)
+    M, R, L, rows = _layout(groups, p_N, c_N, shapes)
+    src, segment, at, tgt, pred, micro = _place(rows, p_N, c_N, (M, R, L), prompt_len, T)
+    most = -(-max(map(len, at)) // R)
+    K = R * next(k for k in length_buckets(L, block) if k >= most)
     at_MK, tgt_MK = np.zeros((M, K), np.int32), np.zeros((M, K), np.int32)
     for m in range(M):
         at_MK[m, : len(at[m])] = at[m]
@@ -177,9 +174,85 @@ def plan(
     return Packing(src, segment, at_MK, tgt_MK, pred, micro)
 
 
-def _place(units, bins, sizes, p_N, c_N, shape, prompt_len: int, T: int) -> tuple:
-    """The packed rows of `plan`: (src, segment) of `shape` (M, R, L), each microbatch's
-    predicting positions and their targets (1-d arrays), pred (N, T) and micro (N,)."""
+def _shapes(budget: int, length: int, row_multiple: int, block: int) -> list[tuple[int, int]]:
+    """The (rows R, length L) a packed microbatch may take within `budget` tokens, smallest
+    first: R bucketed for a fixed `length`; else R = `row_multiple`, L bucketed."""
+    if length:
+        rows = budget // length // row_multiple * row_multiple
+        if rows < 1:
+            raise ValueError(
+                f"a microbatch of {budget} tokens holds no {row_multiple} packed rows of "
+                f"{length} tokens"
+            )
+        return [(r, length) for r in row_buckets(rows, row_multiple)]
+    if budget < row_multiple:
+        raise ValueError(f"a microbatch of {budget} tokens holds no {row_multiple} packed rows")
+    return [(row_multiple, n) for n in length_buckets(budget // row_multiple, block)]
+
+
+def _groups(p_N: np.ndarray, c_N: np.ndarray, G: int, L: int, length: int) -> list[np.ndarray]:
+    """Each group's rows with a completion (one row each for G = 1), checked: one prompt
+    length per group, and every row's prompt and completion within a packed row of L."""
+    groups = []
+    for g in range(0, len(c_N), G):
+        rows = np.array([n for n in range(g, g + G) if c_N[n] > 0], np.int64)
+        if not rows.size:
+            continue
+        if len(set(p_N[rows].tolist())) > 1:
+            raise ValueError(f"the rows of group {g // G} have prompts of different lengths")
+        n = int(rows[np.argmax(c_N[rows])])
+        if p_N[n] + c_N[n] > L:
+            where = f"rl.pack_length={L}" if length else f"a packed row's {L} (token budget)"
+            raise ValueError(f"row {n} has {int(p_N[n] + c_N[n])} real tokens, more than {where}")
+        groups.append(rows)
+    return groups
+
+
+def _layout(groups, p_N, c_N, shapes) -> tuple[int, int, int, list]:
+    """(M, R, L, packed rows): the fewest microbatches, then the smallest of `shapes`, that
+    `_fill` fills with the groups."""
+    tokens = sum(int(p_N[rows[0]] + c_N[rows].sum()) for rows in groups)
+    M = max(1, -(-tokens // (shapes[-1][0] * shapes[-1][1])))
+    while True:  # ends: with a packed row per real row, every row fits (`_groups`)
+        for R, L in shapes:
+            if tokens <= M * R * L and (rows := _fill(groups, p_N, c_N, L, M * R)) is not None:
+                return M, R, L, rows
+        M += 1
+
+
+def _fill(groups, p_N, c_N, L: int, num_rows: int) -> list[list[list[int]]] | None:
+    """The groups' rows in `num_rows` packed rows of L tokens: per packed row, its units (the
+    rows packed behind one copy of their prompt); None where they do not fit.
+
+    Largest group first, each whole in the first packed row with room for it; a group that fits
+    in none is split, its completions (longest first) each going to the first packed row that
+    has room for it, and for another copy of the prompt where the row holds none of the group.
+    Prompts are packed again only for split groups."""
+    room = np.full(num_rows, L, np.int64)
+    packed: list[dict[int, list[int]]] = [{} for _ in range(num_rows)]  # group -> its rows
+    tokens = lambda rows: int(p_N[rows[0]] + c_N[rows].sum())  # noqa: E731
+    for g in sorted(range(len(groups)), key=lambda g: -tokens(groups[g])):
+        rows = groups[g]
+        whole = np.flatnonzero(room >= tokens(rows))
+        if whole.size:
+            packed[whole[0]][g] = rows.tolist()
+            room[whole[0]] -= tokens(rows)
+            continue
+        p = int(p_N[rows[0]])
+        for n in sorted(rows.tolist(), key=lambda n: -c_N[n]):
+            prompt = np.array([0 if g in x else p for x in packed])
+            free = np.flatnonzero(room >= c_N[n] + prompt)
+            if not free.size:
+                return None
+            packed[free[0]].setdefault(g, []).append(n)
+            room[free[0]] -= c_N[n] + prompt[free[0]]
+    return [list(x.values()) for x in packed]
+
+
+def _place(packed_rows, p_N, c_N, shape, prompt_len: int, T: int) -> tuple:
+    """The packed rows of `plan` (`_fill`'s: per packed row, its units of rows behind one
+    prompt): (src, segment) of `shape` (M, R, L), each microbatch's predicting positions and
+    their targets (1-d arrays), pred (N, T) and micro (N,)."""
     M, R, L = shape
     N, S = len(c_N), prompt_len + T
     src = np.zeros((M, R, L), np.int32)
@@ -189,14 +262,14 @@ def _place(units, bins, sizes, p_N, c_N, shape, prompt_len: int, T: int) -> tupl
     pred = np.zeros((N, T), np.int32)
     micro = np.full((N,), -1, np.int32)
     count = [0] * M
-    # Deal the bins, fullest first, round-robin over the microbatches: balanced by tokens.
-    order = sorted(range(len(bins)), key=lambda b: -int(sizes[bins[b]].sum()))
+    # Deal the packed rows, fullest first, round-robin over the microbatches: balanced by tokens.
+    fill = [sum(int(p_N[u[0]] + c_N[u].sum()) for u in units) for units in packed_rows]
+    order = sorted(range(len(packed_rows)), key=lambda b: -fill[b])
     for k, b in enumerate(order):
         m, r = k % M, k // M
         start = r * L
         flat_src, flat_seg = src[m].reshape(-1), segment[m].reshape(-1)
-        for seq, u in enumerate(bins[b], start=1):
-            rows = units[u]
+        for seq, rows in enumerate(packed_rows[b], start=1):
             p = int(p_N[rows[0]])
             flat_src[start : start + p] = rows[0] * S + prompt_len - p + np.arange(p)
             flat_seg[start : start + p] = seq * BRANCHES
@@ -214,25 +287,6 @@ def _place(units, bins, sizes, p_N, c_N, shape, prompt_len: int, T: int) -> tupl
                 start += c
     flat = lambda parts: np.concatenate([np.zeros(0, np.int64), *parts])  # noqa: E731
     return src, segment, [flat(x) for x in at], [flat(x) for x in tgt], pred, micro
-
-
-def _units(p_N: np.ndarray, c_N: np.ndarray, G: int, L: int) -> list[list[int]]:
-    """The rows packed behind one copy of their prompt: each group's rows with a completion, in
-    as few units of at most L tokens as first-fit decreasing makes (one row each for G = 1)."""
-    units = []
-    for g in range(0, len(c_N), G):
-        rows = [n for n in range(g, g + G) if c_N[n] > 0]
-        if not rows:
-            continue
-        if len(set(p_N[rows].tolist())) > 1:
-            raise ValueError(f"the rows of group {g // G} have prompts of different lengths")
-        n = max(rows, key=lambda n: c_N[n])
-        if p_N[n] + c_N[n] > L:
-            raise ValueError(
-                f"row {n} has {int(p_N[n] + c_N[n])} real tokens, more than rl.pack_length={L}"
-            )
-        units += [[rows[i] for i in b] for b in first_fit_decreasing(c_N[rows], L - p_N[n])]
-    return units
 
 
 # The packed update pays for its gathers and its per-segment masks, so with as many token
@@ -280,17 +334,17 @@ def predicting(
     m: Array | int,
     cfg: ModelConfig,
 ) -> tuple[Array, Array]:
-    """Microbatch m's hidden states (R', L, D) at its predicting positions (`at_MK`), and the
-    completion tokens (R', L) they predict."""
+    """Microbatch m's hidden states (R, L', D) at its predicting positions (`at_MK`), and the
+    completion tokens (R, L') they predict."""
     h_RLD, tokens_RL = packed_hidden(params, tokens_NS, positions_NS, packing, m, cfg)
-    D, L = h_RLD.shape[-1], tokens_RL.shape[1]
+    R, D = h_RLD.shape[0], h_RLD.shape[-1]
     h_KD = h_RLD.reshape(-1, D)[packing.at_MK[m]]
     targets_K = tokens_NS.reshape(-1)[packing.tgt_MK[m]]  # padding reads token 0, masked later
-    return h_KD.reshape(-1, L, D), targets_K.reshape(-1, L)
+    return h_KD.reshape(R, -1, D), targets_K.reshape(R, -1)
 
 
 def gather_rows(x_KL: Array, packing: Packing, m: Array | int, valid_NT: Array) -> Array:
-    """Values (R', L, ...) at microbatch m's predicting positions, in the rows' (N, T, ...)
+    """Values (R, L', ...) at microbatch m's predicting positions, in the rows' (N, T, ...)
     layout; zero for the tokens of other microbatches and for padding."""
     flat = x_KL.reshape(-1, *x_KL.shape[2:])[packing.pred_NT]
     here_NT = (packing.micro_N == m)[:, None] & valid_NT

@@ -171,7 +171,7 @@ def build_update(
 ) -> Callable[..., tuple[TrainState, StepOutput]]:
     """Jitted `(state, rollout, rewards_N, parts[, packing]) -> (state, StepOutput)`; the
     state is donated. `packing` (`rl.packing.plan` of the rollout; None: the padded rows) is
-    part of the program's shape: each packed row count compiles once.
+    part of the program's shape: each packed shape compiles once.
 
     With `shardings`, the rollout (as `build_rollout` returns it), the host rewards and parts come
     in replicated (host numpy arrays are accepted on every process) and are split by rows inside

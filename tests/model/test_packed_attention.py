@@ -165,15 +165,67 @@ def test_cudnn_refuses_segments():
         attn.causal_attention(q, k, v, segments > 0, "cudnn", 8, segments)
 
 
-def test_blockwise_attention_skips_the_key_blocks_before_a_query_blocks_sequences():
+def _branch_rows():
+    """Two packed rows of segment ids: prompts with branches, plain sequences and padding."""
     B = attn.BRANCHES
-    # Row: sequence 1 (4 tokens), sequence 2 (prompt 3, branches 1 and 2), then padding.
-    seg = np.array([[B, B, B, B, 2 * B, 2 * B, 2 * B, 2 * B + 1, 2 * B + 2, 2 * B + 2, 0, 0]])
-    starts = np.asarray(attn._sequence_starts(jnp.asarray(seg)))
-    np.testing.assert_array_equal(starts[0], [0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 10, 10])
-    segs = (jnp.asarray(seg), jnp.asarray(seg), jnp.asarray(starts))
-    # Blocks of 4: query block 1 (tokens 4-7) starts at key block 1, not 0; key block 0 is
-    # seen by query block 0 only; key block 2 (tokens 8-11) by every query block that reaches it.
-    assert [int(attn._first_key_block(segs, i, 4, 4)) for i in range(3)] == [0, 1, 1]
-    assert [int(attn._query_blocks_seeing(segs, j, 4, 4, 3)) for j in range(3)] == [1, 3, 3]
-    assert attn._first_key_block(segs[:2], 1, 4, 4) == 0  # unpacked rows: every block
+    runs = (
+        # Prompt (3), branches of 5, 6 and 3 tokens; a plain sequence (4); padding (3).
+        [(B, 3), (B + 1, 5), (B + 2, 6), (B + 3, 3), (2 * B, 4), (0, 3)],
+        # A plain sequence (2); prompt (2), branches of 7 and 9 tokens; padding (4).
+        [(B, 2), (2 * B, 2), (2 * B + 1, 7), (2 * B + 2, 9), (0, 4)],
+    )
+    return np.array([np.concatenate([np.full(n, s) for s, n in row]) for row in runs], np.int32)
+
+
+def test_blockwise_attention_skips_the_key_blocks_no_query_of_a_block_sees():
+    B = attn.BRANCHES
+    # Sequence 1: a prompt (2) and branches of 3 and 5; then sequence 2 (2 tokens), padding.
+    seg = np.array([[B, B, B + 1, B + 1, B + 1, B + 2, B + 2, B + 2, B + 2, B + 2, 2 * B, 2 * B]])
+    seg = np.concatenate([seg, np.zeros((1, 4), np.int32)], axis=1)
+    bounds = np.asarray(attn._packed_bounds(jnp.asarray(seg)))[0]
+    # (sequence start, last prefix position so far, branch start) per token.
+    np.testing.assert_array_equal(bounds[:, 0], [0] * 10 + [10, 10] + [12] * 4)
+    np.testing.assert_array_equal(bounds[:, 1], [0, 1] + [1] * 8 + [10, 11, 12, 13, 14, 15])
+    np.testing.assert_array_equal(bounds[:, 2], [0, 0, 2, 2, 2, 5, 5, 5, 5, 5, 10, 10] + [12] * 4)
+    # Blocks of 2: query block 4 (tokens 8, 9 of branch 2) sees the prompt's block 0 and its
+    # branch's blocks 2 to 4, not block 1 (branch 1).
+    start, prefix_end, branch = map(
+        np.asarray, attn._block_ranges(jnp.asarray(bounds[None]), 2, 2, 8, 8, 0)
+    )
+    np.testing.assert_array_equal(start, [0, 0, 0, 0, 0, 5, 6, 6])
+    np.testing.assert_array_equal(prefix_end, [1, 1, 1, 1, 1, 6, 7, 8])
+    np.testing.assert_array_equal(branch, [0, 1, 1, 2, 2, 5, 6, 6])
+    count, index = attn._two_ranges(start[4], prefix_end[4], branch[4], 5)
+    assert [int(index(k)) for k in range(int(count))] == [0, 2, 3, 4]
+    # Overlapping or empty ranges give each block once.
+    count, index = attn._two_ranges(1, 3, 2, 5)
+    assert [int(index(k)) for k in range(int(count))] == [1, 2, 3, 4]
+    count, index = attn._two_ranges(2, 1, 3, 5)
+    assert [int(index(k)) for k in range(int(count))] == [3, 4]
+
+
+@pytest.mark.parametrize("block", [2, 3, 4])
+def test_blockwise_branches_equal_the_dense_branch_mask(block):
+    # Blocks that skip a branch between a prompt and a later branch, in rows laid out unlike
+    # each other (the ranges bound both rows), forward and gradients.
+    segments = _branch_rows()
+    R, T = segments.shape
+    q, k, v = _qkv(7, R, T, 4, 2, 8)
+    valid = segments > 0
+    ct = np.random.default_rng(8).standard_normal(q.shape).astype(np.float32)
+    ct *= valid[:, :, None, None]
+    mask = np.asarray(attn.segment_visible(segments[:, :, None], segments[:, None, :]))
+    mask &= valid[:, None, :] & np.tril(np.ones((T, T), bool))[None]
+
+    def dense(q, k, v):
+        return jnp.sum(tf.attention(q, k, v, mask, CFG) * ct)
+
+    def blockwise(q, k, v):
+        segs = (segments, segments)
+        return jnp.sum(attn.blockwise_attention(q, k, v, valid, 0, block, block, segs)[0] * ct)
+
+    ref = jax.jit(jax.grad(dense, (0, 1, 2)))(q, k, v)
+    got = jax.jit(jax.grad(blockwise, (0, 1, 2)))(q, k, v)
+    for g, r in zip(got, ref, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5)
+    np.testing.assert_allclose(float(jax.jit(blockwise)(q, k, v)), float(dense(q, k, v)), rtol=1e-5)

@@ -62,15 +62,17 @@ def _plan(rollout: Rollout, **kwargs) -> packing_lib.Packing:
     return jax.tree.map(jnp.asarray, p)
 
 
-def test_the_plan_places_every_real_token_once_with_its_position():
+@pytest.mark.parametrize("length", [20, 0])
+def test_the_plan_places_every_real_token_once_with_its_position(length):
     rollout = _rollout()
     seq_tokens = np.concatenate([rollout.prompt_NP, rollout.tokens_NT], axis=1)
     plan = packing_lib.plan(
         np.asarray(rollout.prompt_lengths_N),
         np.asarray(rollout.mask_NT),
         P,
-        length=20,
+        length=length,
         num_microbatches=2,
+        block=4,
     )
     M, R, L = plan.src_MRL.shape
     real = plan.segment_MRL > 0
@@ -80,6 +82,9 @@ def test_the_plan_places_every_real_token_once_with_its_position():
     np.testing.assert_array_equal(placed, want)
     used = real.any(axis=2).sum()
     assert M * R * L < N * (P + T) and real.sum() >= 0.75 * used * L  # full packed rows
+    if not length:  # one row per microbatch, of the shortest bucket that holds them
+        assert R == 1 and L in packing_lib.length_buckets(N // 2 * (P + T), 4)
+        assert M * (L - 4) < real.sum() <= M * L
     # Each completion token's predictor is the token before it, in the same microbatch.
     lengths = np.asarray(rollout.lengths_N)
     for n in range(N):
@@ -89,9 +94,9 @@ def test_the_plan_places_every_real_token_once_with_its_position():
             here = plan.at_MK[m, plan.pred_NT[n, t]]
             assert flat_src[here + 1] == n * (P + T) + P + t
             assert seq_tokens.reshape(-1)[flat_src[here + 1]] == rollout.tokens_NT[n, t]
-    # The unembedding's rows hold the completion tokens, not the prompts: fewer than R.
+    # The unembedding's R rows hold the completion tokens, not the prompts: shorter than L.
     completion = np.asarray(rollout.mask_NT).sum()
-    assert plan.at_MK.shape == (M, plan.at_MK.shape[1]) and plan.at_MK.shape[1] % L == 0
+    assert plan.at_MK.shape == (M, plan.at_MK.shape[1]) and plan.at_MK.shape[1] % R == 0
     assert completion <= M * plan.at_MK.shape[1] < M * R * L
     # Tokens per microbatch are balanced to within the longest row.
     per_micro = real.reshape(M, -1).sum(axis=1)
@@ -102,9 +107,10 @@ def test_a_groups_prompt_is_packed_once_per_packed_row_its_completions_share():
     rollout = _rollout()
     prompt_lengths, mask = np.asarray(rollout.prompt_lengths_N), np.asarray(rollout.mask_NT)
     lengths = mask.sum(axis=1)
-    for length in (P + T, 2 * (P + T)):
-        plan = packing_lib.plan(prompt_lengths, mask, P, length=length, group_size=G)
-        src, seg = plan.src_MRL.reshape(-1, length), plan.segment_MRL.reshape(-1, length)
+    for length in (P + T, 2 * (P + T), 0):
+        plan = packing_lib.plan(prompt_lengths, mask, P, length=length, group_size=G, block=4)
+        L = plan.src_MRL.shape[2]
+        src, seg = plan.src_MRL.reshape(-1, L), plan.segment_MRL.reshape(-1, L)
         real = seg > 0
         is_prompt = (src % (P + T)) < P
         # Every completion token once; each group's prompt once per packed row that holds
@@ -133,17 +139,24 @@ def test_a_groups_prompt_is_packed_once_per_packed_row_its_completions_share():
         assert not (sees & real[:, :, None] & ~same_row_or_prompt).any()
 
 
-def test_row_counts_are_bucketed_and_bad_rows_named():
+def test_row_counts_and_lengths_are_bucketed_and_bad_rows_named():
     assert packing_lib.row_buckets(24, 8) == [8, 16, 24]
     assert packing_lib.row_buckets(40, 2) == [*range(2, 34, 2), 36, 40]
     assert packing_lib.row_buckets(100, 1)[-8:] == [56, 60, 64, 72, 80, 88, 96, 100]
+    # Whole attention blocks, sixteen lengths per doubling from 16 blocks on.
+    lengths = packing_lib.length_buckets(5000, 128)
+    assert lengths[:17] == [128 * k for k in range(1, 18)]
+    assert lengths[-6:] == [3968, 4096, 4352, 4608, 4864, 5000]
     rollout = _rollout()
-    plan = packing_lib.plan(np.asarray(rollout.prompt_lengths_N), np.asarray(rollout.mask_NT), P)
+    prompts, mask = np.asarray(rollout.prompt_lengths_N), np.asarray(rollout.mask_NT)
+    plan = packing_lib.plan(prompts, mask, P, length=P + T)
     assert plan.src_MRL.shape[1] in packing_lib.row_buckets(N, 1)
+    plan = packing_lib.plan(prompts, mask, P, block=4)
+    assert plan.src_MRL.shape[1:] in [(1, n) for n in packing_lib.length_buckets(N * (P + T), 4)]
     with pytest.raises(ValueError, match="real tokens, more than rl.pack_length=8"):
-        packing_lib.plan(
-            np.asarray(rollout.prompt_lengths_N), np.asarray(rollout.mask_NT), P, length=8
-        )
+        packing_lib.plan(prompts, mask, P, length=8)
+    with pytest.raises(ValueError, match="real tokens, more than a packed row's 10"):
+        packing_lib.plan(prompts, mask, P, microbatch_tokens=10)
     holed = np.asarray(rollout.mask_NT).copy()
     holed[2, 0] = False
     with pytest.raises(ValueError, match="row 2's completion tokens are not a prefix"):
@@ -272,29 +285,40 @@ def test_packed_microbatches_follow_the_token_budget():
     # The default budget is the padded microbatch's: N / 2 rows of P + T tokens.
     default = packing_lib.plan(*lengths, num_microbatches=2, group_size=G)
     M, R, L = default.src_MRL.shape
-    assert L == 2 * (P + T) and R * L <= N // 2 * (P + T)
-    # A budget of one packed row: as many microbatches as packed rows, one row each.
-    one_row = packing_lib.plan(*lengths, group_size=G, microbatch_tokens=2 * (P + T))
-    assert one_row.src_MRL.shape[1] == 1 and one_row.src_MRL.shape[0] >= M
+    assert R == 1 and L <= N // 2 * (P + T)
+    # Attention that skips no blocks (dense, splash) takes rows of twice the padded length.
+    fixed = packing_lib.plan(*lengths, num_microbatches=2, group_size=G, skips_blocks=False)
+    assert fixed.src_MRL.shape[2] == 2 * (P + T)
+    # A budget of two padded rows: more microbatches, each a packed row of at most that.
+    small = packing_lib.plan(*lengths, group_size=G, microbatch_tokens=2 * (P + T))
+    assert small.src_MRL.shape[1:] == (1, 2 * (P + T)) and small.src_MRL.shape[0] > M
     with pytest.raises(ValueError, match="a microbatch of 10 tokens holds no 1 packed rows"):
-        packing_lib.plan(*lengths, group_size=G, microbatch_tokens=10)
+        packing_lib.plan(*lengths, group_size=G, length=P + T, microbatch_tokens=10)
     rl = ts.RLConfig(group_size=G, sampler=SAMPLER, loss=losses.LossConfig(entropy_coef=0.01))
     _compare(rl, packing_kwargs=dict(microbatch_tokens=2 * (P + T)))
 
 
-def test_the_packed_update_compiles_once_per_row_bucket():
+@pytest.mark.parametrize("length", [P + T, 0])
+def test_the_packed_update_compiles_once_per_bucketed_shape(length):
     rl = ts.RLConfig(group_size=G, sampler=SAMPLER)
     sgd = optax.sgd(0.3)
     update = ts.build_update(CFG, rl, sgd, optax.constant_schedule(0.3))
     state = _state(rl, sgd=sgd)
     rewards = np.asarray(np.arange(N) % 3 == 0, np.float32)
-    buckets = set()
+    shapes = set()
     for i in range(20):
         rollout = _rollout(100 + i)
-        plan = _plan(rollout, length=P + T, group_size=G)
-        # (packed rows, rows of predicting positions): both from the same buckets.
-        buckets.add((plan.src_MRL.shape[1], plan.at_MK.shape[1] // (P + T)))
+        plan = _plan(rollout, length=length, group_size=G, block=8)
+        M, R, L = plan.src_MRL.shape
+        shapes.add((M, R, L, plan.at_MK.shape[1] // R))
         state, _ = update(state, rollout, rewards, {"correct": rewards}, plan)
-    sizes = packing_lib.row_buckets(N, 1)
-    assert all(k <= r and r in sizes and k in sizes for r, k in buckets)
-    assert update._cache_size() == len(buckets) <= 2 * len(sizes)
+    # Rows (a fixed length) or lengths (one row) and the unembedding's length, all bucketed.
+    lengths = packing_lib.length_buckets(N * (P + T), 8)
+    rows = packing_lib.row_buckets(N, 1)
+    assert all(M == 1 and k in lengths and k <= L for M, _, L, k in shapes)
+    if length:
+        assert all(r in rows and length == L for _, r, L, _ in shapes)
+    else:
+        assert all(r == 1 and L in lengths for _, r, L, _ in shapes)
+    # One program per shape reached: no step recompiles a shape an earlier one compiled.
+    assert update._cache_size() == len(shapes) > 1

@@ -328,17 +328,19 @@ def _packing(
     axes = plan.rows.spec[0] if len(plan.rows.spec) else None
     axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
     row_shards = math.prod(plan.mesh.shape[a] for a in axes)
+    (N, T), P = mask_NT.shape, rollout.prompt_NP.shape[1]
     packing = packing_lib.plan(
         prompt_lengths_N,
         mask_NT,
-        rollout.prompt_NP.shape[1],
+        P,
         length=s.rl.pack_length,
         num_microbatches=s.rl.microbatch_count(),
         row_multiple=row_shards,
         group_size=shared,
         microbatch_tokens=s.rl.pack_microbatch_tokens,
+        block=model_cfg.attention_block,
+        skips_blocks=impl == "xla_blockwise",
     )
-    (N, T), P = mask_NT.shape, rollout.prompt_NP.shape[1]
     padded = packing_lib.padded_positions(N, P, T, shared)
     return packing if packing_lib.worth_packing(packing, padded) else None
 
