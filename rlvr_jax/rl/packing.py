@@ -33,6 +33,7 @@ packed rows of L tokens each.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +65,13 @@ class Packing:
     def num_microbatches(self) -> int:
         return self.src_MRL.shape[0]
 
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(M, R, L, K): microbatches, packed rows and their length, and the predicting
+        positions per packed row; the shapes a compiled update program is specialised to."""
+        M, R, L = self.src_MRL.shape
+        return M, R, L, self.at_MK.shape[1] // R
+
 
 def _buckets(limit: int, unit: int, per_doubling: int) -> list[int]:
     """`unit` x 1, 2, ..., `per_doubling` (a power of two), then `per_doubling` steps per
@@ -82,6 +90,11 @@ def row_buckets(num_rows: int, multiple: int) -> list[int]:
     then eight steps per doubling (9 ... 16 by 1, 18 ... 32 by 2, ...: at most an eighth of a
     bucket is empty rows) below `num_rows`, and `num_rows` itself."""
     return _buckets(num_rows, multiple, 8)
+
+
+# A step takes an earlier step's (compiled) packed shape where it costs at most this share more
+# token positions than the shape chosen for it alone (`plan(reuse=...)`).
+REUSE_SLACK = 0.125
 
 
 def length_buckets(longest: int, block: int) -> list[int]:
@@ -115,6 +128,7 @@ def plan(
     microbatch_tokens: int = 0,
     block: int = 128,
     skips_blocks: bool = True,
+    reuse: Collection[tuple[int, int, int, int]] = (),
 ) -> Packing:
     """The packed layout of one rollout's rows (host numpy arrays).
 
@@ -141,6 +155,10 @@ def plan(
         (blockwise attention does), so that a long packed row costs what its sequences do;
         dense and splash attention pay for a row's whole causal square, so they take rows of a
         fixed length.
+      reuse: shapes (M, R, L, K) = `Packing.shape` of earlier steps' plans, whose programs are
+        compiled: the smallest that holds this step's rows for at most `REUSE_SLACK` more
+        token positions than the fresh shape is taken instead of it, so that a run whose
+        lengths drift compiles a few shapes, not one per step.
 
     Returns:
       The `Packing` of M' microbatches of the smallest (R, L) that `_fill` fills, and of
@@ -164,14 +182,39 @@ def plan(
     shapes = _shapes(budget, length, row_multiple, block)
     groups = _groups(p_N, c_N, G, shapes[-1][1], length)
     M, R, L, rows = _layout(groups, p_N, c_N, shapes)
-    src, segment, at, tgt, pred, micro = _place(rows, p_N, c_N, (M, R, L), prompt_len, T)
-    most = -(-max(map(len, at)) // R)
+    placed = _place(rows, p_N, c_N, (M, R, L), prompt_len, T)
+    plan_args = (shapes[-1][1], prompt_len, T)
+    most = -(-max(map(len, placed[2])) // R)
     K = R * next(k for k in length_buckets(L, block) if k >= most)
+    if (M, R, L, K // R) not in reuse:
+        (M, R, L, K), placed = _reused((M, R, L, K), placed, reuse, groups, p_N, c_N, plan_args)
+    src, segment, at, tgt, pred, micro = placed
     at_MK, tgt_MK = np.zeros((M, K), np.int32), np.zeros((M, K), np.int32)
     for m in range(M):
         at_MK[m, : len(at[m])] = at[m]
         tgt_MK[m, : len(tgt[m])] = tgt[m]
     return Packing(src, segment, at_MK, tgt_MK, pred, micro)
+
+
+def _reused(fresh, placed, reuse, groups, p_N, c_N, plan_args) -> tuple:
+    """(shape, `_place`'s arrays) of the smallest of the `reuse` shapes (M, R, L, K per packed
+    row) that holds the groups for at most `REUSE_SLACK` more positions than `fresh` (M, R, L,
+    K in all); `fresh` and `placed` where none does."""
+    M, R, L, _ = fresh
+    longest, prompt_len, T = plan_args
+    for M2, R2, L2, K2 in sorted(reuse, key=lambda s: (s[0] * s[1] * s[2], s[3])):
+        if (
+            R2 != R
+            or longest < L2
+            or not M * R * L <= M2 * R2 * L2 <= (1 + REUSE_SLACK) * M * R * L
+        ):
+            continue
+        if (rows := _fill(groups, p_N, c_N, L2, M2 * R2)) is None:
+            continue
+        placed2 = _place(rows, p_N, c_N, (M2, R2, L2), prompt_len, T)
+        if max(map(len, placed2[2])) <= R2 * K2:
+            return (M2, R2, L2, R2 * K2), placed2
+    return fresh, placed
 
 
 def _shapes(budget: int, length: int, row_multiple: int, block: int) -> list[tuple[int, int]]:

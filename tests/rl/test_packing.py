@@ -298,6 +298,38 @@ def test_packed_microbatches_follow_the_token_budget():
     _compare(rl, packing_kwargs=dict(microbatch_tokens=2 * (P + T)))
 
 
+def _places_every_token(plan: packing_lib.Packing, rollout: Rollout) -> None:
+    """Every completion token once, each predicted by the token before it: its prompt's last
+    or its own previous one."""
+    src = plan.src_MRL[plan.segment_MRL > 0]
+    completion = np.sort(src[src % (P + T) >= P])
+    want = np.flatnonzero(np.concatenate([np.zeros((N, P), bool), rollout.mask_NT], axis=1))
+    np.testing.assert_array_equal(completion, want)
+    for n in range(N):
+        m, k = plan.micro_N[n], plan.pred_NT[n, : int(rollout.lengths_N[n])]
+        np.testing.assert_array_equal(plan.tgt_MK[m, k], n * (P + T) + P + np.arange(k.size))
+        at = plan.src_MRL[m].reshape(-1)[plan.at_MK[m, k]]  # the token before: prompt or own
+        assert at[0] % (P + T) == P - 1 and all(at[1:] == plan.tgt_MK[m, k][:-1])
+
+
+@pytest.mark.parametrize("length", [P + T, 0])
+def test_steps_take_an_earlier_steps_shape_where_it_costs_little_more(length):
+    kwargs = dict(length=length, group_size=G, block=4)
+    fresh_shapes, reused_shapes = set(), set()
+    for i in range(40):
+        rollout = _rollout(200 + i)
+        lengths = np.asarray(rollout.prompt_lengths_N), np.asarray(rollout.mask_NT)
+        fresh = packing_lib.plan(*lengths, P, **kwargs)
+        plan = packing_lib.plan(*lengths, P, **kwargs, reuse=reused_shapes)
+        _places_every_token(plan, rollout)
+        size = lambda x: x.src_MRL.size  # noqa: E731
+        assert size(fresh) <= size(plan) <= (1 + packing_lib.REUSE_SLACK) * size(fresh)
+        assert plan.shape in reused_shapes or plan.shape == fresh.shape
+        fresh_shapes.add(fresh.shape)
+        reused_shapes.add(plan.shape)
+    assert len(reused_shapes) < len(fresh_shapes)
+
+
 @pytest.mark.parametrize("length", [P + T, 0])
 def test_the_packed_update_compiles_once_per_bucketed_shape(length):
     rl = ts.RLConfig(group_size=G, sampler=SAMPLER)
@@ -309,8 +341,7 @@ def test_the_packed_update_compiles_once_per_bucketed_shape(length):
     for i in range(20):
         rollout = _rollout(100 + i)
         plan = _plan(rollout, length=length, group_size=G, block=8)
-        M, R, L = plan.src_MRL.shape
-        shapes.add((M, R, L, plan.at_MK.shape[1] // R))
+        shapes.add(plan.shape)
         state, _ = update(state, rollout, rewards, {"correct": rewards}, plan)
     # Rows (a fixed length) or lengths (one row) and the unembedding's length, all bucketed.
     lengths = packing_lib.length_buckets(N * (P + T), 8)

@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -201,9 +201,15 @@ def build_rl_step(
             rewards, parts = host_rewards(task, rollout, rows, s.reward, G)
         return state, dynamic_sampling.Round(list(chosen), rollout, rewards, parts)
 
+    packed_shapes = set()  # of the update programs compiled so far (`packing.plan(reuse=)`)
+
     def update(state, rollout, rewards, parts):
         with timer.stage("update"):
-            packing = _packing(s, model_cfg, rollout, plan) if s.rl.packs() else None
+            packing = None
+            if s.rl.packs():
+                packing = _packing(s, model_cfg, rollout, plan, packed_shapes)
+                if packing is not None:
+                    packed_shapes.add(packing.shape)
             state, out = update_fn(state, rollout, rewards, parts, packing)
             return state, jax.device_get(out)
 
@@ -310,12 +316,17 @@ def _dynamic_batch(
 
 
 def _packing(
-    s: Settings, model_cfg: ModelConfig, rollout: Any, plan: sharding_plan.StepShardings
+    s: Settings,
+    model_cfg: ModelConfig,
+    rollout: Any,
+    plan: sharding_plan.StepShardings,
+    reuse: Collection[tuple[int, int, int, int]] = (),
 ) -> packing_lib.Packing | None:
     """The packed layout of a rollout's rows (`rl.pack`), each microbatch's packed row count
     a multiple of the mesh's row shards; None (the padded update) where packing would not save
     enough token positions to be faster (`packing.worth_packing`: rows of nearly equal
-    lengths)."""
+    lengths). A shape of `reuse` (earlier steps') is taken where it costs little more than a
+    new one (`packing.REUSE_SLACK`)."""
     prompt_lengths_N, mask_NT = jax.device_get((rollout.prompt_lengths_N, rollout.mask_NT))
     # Each group's prompt once, as the padded update's shared-prompt forward, except under
     # splash attention, which masks plain segments only.
@@ -340,6 +351,7 @@ def _packing(
         microbatch_tokens=s.rl.pack_microbatch_tokens,
         block=model_cfg.attention_block,
         skips_blocks=impl == "xla_blockwise",
+        reuse=reuse,
     )
     padded = packing_lib.padded_positions(N, P, T, shared)
     return packing if packing_lib.worth_packing(packing, padded) else None
