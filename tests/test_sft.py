@@ -17,6 +17,7 @@ import pytest
 from configs import sft_tiny
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.data import datasets, templates
+from rlvr_jax.data.example import Example
 from rlvr_jax.data.tokenizer import Tokenizer
 from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.model import config as config_lib
@@ -26,6 +27,7 @@ from rlvr_jax.program import settings as settings_lib
 from rlvr_jax.program.evals.evaluation import heldout_evaluator
 from rlvr_jax.program.parts import build
 from rlvr_jax.program.stages import sft_stage
+from rlvr_jax.sft import traces
 from rlvr_jax.sft.data import (
     demonstrations_from_examples,
     encode_demonstrations,
@@ -138,6 +140,28 @@ def test_demonstrations_are_templated_like_rl_prompts():
     short = encode_demonstrations(demos, template, tok, max_len=6)
     assert short.num_too_long == sum(len(i) > 6 for i in enc.ids) > 0
     assert "skipped" in short.summary()
+
+
+def test_thought_in_the_response_format_is_the_worked_arithmetic():
+    """ "{thought}" writes the expression one place value at a time (`sft.traces`): a worked
+    answer whose last number is the gold answer, the one the verifier reads."""
+    examples = datasets.arithmetic_examples(32, seed=0, level=3)
+    demos = demonstrations_from_examples(examples, "{thought}", traces.thought_for)
+    for demo, ex in zip(demos, examples, strict=True):
+        lines = demo.response.split("\n")
+        assert lines == traces.arithmetic_steps(ex.meta["expression"])
+        assert lines[-1].rpartition("=")[2] == ex.answer
+    by_hand = Example(id="e", prompt_text="85+63-51", answer="97", source="arithmetic",
+                      meta={"expression": "85+63-51"})  # fmt: skip
+    (demo,) = demonstrations_from_examples([by_hand], "{thought} so {answer}", traces.thought_for)
+    assert demo.response == "85+60=145\n145+3=148\n148-50=98\n98-1=97 so 97"
+    # A format without "{thought}" ignores the function; one with it needs a thought.
+    assert demonstrations_from_examples([by_hand], "{answer}", None)[0].response == "97"
+    no_thought = dataclasses.replace(by_hand, source="gsm8k", meta={})
+    with pytest.raises(ValueError, match="'e' \\(gsm8k\\) has none"):
+        demonstrations_from_examples([no_thought], "{thought}", traces.thought_for)
+    with pytest.raises(ValueError, match="asks for a thought"):
+        demonstrations_from_examples([by_hand], "{thought}")
 
 
 def test_main_learns_addition_from_a_file_and_exports(tmp_path):

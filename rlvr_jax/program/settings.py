@@ -248,7 +248,8 @@ class SFTSettings:
         being `response_format` with the gold answer.
       prompt_field, response_field: field names to read instead of the known pairs.
       response_format: the response of a demonstration built from `data`; "{answer}" is
-        replaced by the gold answer.
+        replaced by the gold answer and "{thought}" by the example's written reasoning
+        (`sft.traces.thought_for`: generated arithmetic worked one place value at a time).
       batch_size: sequences per optimizer update.
       epochs: passes over the demonstrations; 0 runs `train.steps` updates instead.
       buckets: padded sequence lengths (prompt + response + end token); longer demonstrations

@@ -13,7 +13,7 @@ sequence the sampler would produce when it answers that prompt.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,21 +118,44 @@ def load_demonstrations(
     )
 
 
+THOUGHT = "{thought}"
+
+
 def demonstrations_from_examples(
-    examples: Iterable[Example], response_format: str = "{answer}"
+    examples: Iterable[Example],
+    response_format: str = "{answer}",
+    thought_of: Callable[[Example], str] | None = None,
 ) -> list[Demonstration]:
     """Demonstrations whose response is `response_format` with the gold answer in it (generated
-    tasks, where the answer is the whole response)."""
-    return [
-        Demonstration(
-            id=ex.id,
-            prompt=ex.prompt_text,
-            response=response_format.replace("{answer}", ex.answer),
-            answer=ex.answer,
-            source=ex.source,
+    tasks, where the answer is the whole response) and, where it holds "{thought}", the example's
+    written reasoning (`thought_of`, e.g. `sft.traces.thought_for`: arithmetic worked one place
+    value at a time), a step-by-step cold start.
+
+    Raises:
+      ValueError: "{thought}" without `thought_of`, or an example without a thought.
+    """
+    out = []
+    for ex in examples:
+        response = response_format.replace("{answer}", ex.answer)
+        if THOUGHT in response_format:
+            thought = thought_of(ex) if thought_of is not None else ""
+            if not thought:
+                raise ValueError(
+                    f"sft.response_format={response_format!r} asks for a thought, but example "
+                    f"{ex.id!r} ({ex.source}) has none: only generated arithmetic and examples "
+                    'with a meta["thought"] have one; drop "{thought}" from the format'
+                )
+            response = response.replace(THOUGHT, thought)
+        out.append(
+            Demonstration(
+                id=ex.id,
+                prompt=ex.prompt_text,
+                response=response,
+                answer=ex.answer,
+                source=ex.source,
+            )
         )
-        for ex in examples
-    ]
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

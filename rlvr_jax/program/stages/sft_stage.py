@@ -36,6 +36,7 @@ from rlvr_jax.program.parts import build
 from rlvr_jax.program.runtime.run import Stage, run_stage
 from rlvr_jax.program.settings import Settings
 from rlvr_jax.rl import state as state_lib
+from rlvr_jax.sft import traces
 from rlvr_jax.sft.data import (
     EncodedDemonstrations,
     demonstrations_from_examples,
@@ -75,7 +76,9 @@ def _encoded(
             )
         return from_episodes(played, train_ex or [], max_len)
     if not s.sft.path:
-        demos = demonstrations_from_examples(train_ex or [], s.sft.response_format)
+        demos = demonstrations_from_examples(
+            train_ex or [], s.sft.response_format, traces.thought_for
+        )
     else:
         demos, report = load_demonstrations(s.sft.path, s.sft.prompt_field, s.sft.response_field)
         log(report.summary())
