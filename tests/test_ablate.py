@@ -10,10 +10,16 @@ import numpy as np
 import pytest
 
 from configs import ablation as ablation_config
+from configs import ablation_long
 from rlvr_jax.config_types import ConfigError
+from rlvr_jax.data import templates
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.parts import build
 from rlvr_jax.program.runtime import metrics as metrics_lib
 from rlvr_jax.program.studies import ablation
+from rlvr_jax.program.studies import ablation_stats as stats
+from rlvr_jax.sft import data as sft_data
+from rlvr_jax.sft import traces
 
 
 def _split(**section):
@@ -66,6 +72,27 @@ def test_qwen_config_builds():
     assert settings.warm_start_steps == 0
 
 
+def test_long_answer_config_builds_every_variant():
+    """configs/ablation_long.py: the step-by-step cold start and room for longer answers."""
+    settings, base = ablation.split_config(ablation_long.get_config())
+    assert settings.variants == ablation_config.VARIANTS and len(settings.seeds) >= 3
+    assert settings.warm_start_steps > 0 and settings.pass_at_k_samples >= max(settings.pass_at_k)
+    for name in settings.variants:
+        s = settings_lib.settings_from_config(ablation.variant_config(base, name, 0, settings))
+        assert s.sft.response_format == "{thought}" and s.data.level == 3
+        assert s.rl.sampler.max_new_tokens >= 2 * 40  # twice the longest worked answer
+    # Every worked answer of the training prompts fits the cold start's sequence bucket.
+    sft = settings_lib.settings_from_config(base)
+    tok = build.build_tokenizer(sft.model)
+    template = templates.get_template(sft.data.template)
+    demos = sft_data.demonstrations_from_examples(
+        build.load_examples(sft.data)[0], sft.sft.response_format, traces.thought_for
+    )
+    enc = sft_data.encode_demonstrations(demos, template, tok, max(sft.sft.buckets))
+    assert enc.num_too_long == 0 and len(enc.ids) == sft.data.num_train
+    assert min(len(d.response) for d in demos) >= 10
+
+
 def test_bad_settings_are_named():
     with pytest.raises(ConfigError, match="'a2c'"):
         _split(variants="grpo,a2c")
@@ -78,6 +105,12 @@ def test_bad_settings_are_named():
     settings, base = _split()
     with pytest.raises(ConfigError, match="'rl.loss.aggregaton'"):
         ablation.override(base, "rl.loss.aggregaton", "token_mean")
+    with pytest.raises(ConfigError, match="ks="):
+        _split(pass_at_k={"samples": 4, "ks": "0,4"})
+    with pytest.raises(ConfigError, match="ablation.pass_at_k.temperature"):
+        _split(pass_at_k={"samples": 4, "temperature": 0.5})
+    settings, _ = _split(pass_at_k={"samples": 4, "ks": "1,4"})
+    assert (settings.pass_at_k_samples, settings.pass_at_k) == (4, (1, 4))
 
 
 def _ledger(tmp_path, entries):
@@ -98,36 +131,74 @@ def test_run_stats_by_hand(tmp_path):
             {"step": 2, "record": "step", "accuracy": 0.25, "time/step": 1.0,
              "adv/frac_zero_variance": 0.25, "length/correct": 3.0, "length/incorrect": 5.0,
              "useful/trajectories": 6.0},
-            {"step": 2, "record": "final", "eval/accuracy": 0.5},  # shares the last step
+            {"step": 3, "record": "step", "accuracy": 0.0, "time/step": 1.0,
+             "adv/frac_zero_variance": 1.0, "length/correct": None, "length/incorrect": 7.0,
+             "useful/trajectories": 0.0},
+            {"step": 4, "record": "step", "accuracy": 1.0, "time/step": 2.0,
+             "adv/frac_zero_variance": 1.0, "length/correct": 6.0, "length/incorrect": None,
+             "useful/trajectories": 0.0},
+            {"step": 4, "record": "final", "eval/accuracy": 0.5},  # shares the last step
         ],
     )  # fmt: skip
-    assert [e["step"] for e in metrics_lib.step_rows(entries)] == [1, 2]
+    assert [e["step"] for e in metrics_lib.step_rows(entries)] == [1, 2, 3, 4]
     result = {
         "rows_per_step": 8,
         "eval_before": {"eval/accuracy": 0.25, "eval/length": 3.0},
         "eval_after": {"eval/accuracy": 0.5, "eval/length": 2.0},
     }
-    s = ablation.run_stats(entries, result)
-    assert s["zero_variance"] == pytest.approx(0.375)
-    # Under 4 steps every step counts: 4 + 2 correct of lengths 2 and 3, 4 + 6 wrong of 4 and 5.
-    assert s["len_correct"] == pytest.approx((4 * 2 + 2 * 3) / 6)
-    assert s["len_incorrect"] == pytest.approx((4 * 4 + 6 * 5) / 10)
-    assert s["successes"] == pytest.approx(6.0)
-    # Step 1 (compilation) is left out: 2 successes in 1 s.
-    assert s["successes_per_minute"] == pytest.approx(120.0)
-    # The table's throughput: useful trajectories per hour, step 1 left out: 6 in 1 s.
-    assert s["useful_per_hour"] == pytest.approx(3600 * 6.0)
-    summary = ablation.summarize({"grpo": [s, {**s, "acc_after": 0.75}]})
-    assert summary["grpo"]["acc_after"] == pytest.approx((0.625, math.sqrt(0.03125)))
-    table = ablation.markdown_table(summary, 2).splitlines()
+    passk = {"pass@1": 0.25, "pass@4": 0.75, "mean@4": 0.25, "greedy": 0.5, "samples": 4}
+    s = stats.run_stats(entries, result, passk)
+    assert s["zero_variance"] == pytest.approx((0.5 + 0.25 + 1 + 1) / 4)
+    # First quarter (step 1): 4 correct of length 2, 4 wrong of length 4. Last quarter (step 4):
+    # 8 correct of length 6, no wrong one.
+    assert (s["len_correct_first"], s["len_incorrect_first"]) == (2.0, 4.0)
+    assert s["len_correct"] == 6.0 and math.isnan(s["len_incorrect"])
+    assert math.isnan(s["len_gap"]) and math.isnan(s["len_incorrect_growth"])
+    assert (s["pass@1"], s["pass@4"], s["mean@4"]) == (0.25, 0.75, 0.25)
+    assert "greedy" not in s and "samples" not in s
+    assert s["successes"] == pytest.approx(4 + 2 + 0 + 8)
+    # Step 1 (compilation) is left out: 2 + 0 + 8 successes in 4 s.
+    assert s["successes_per_minute"] == pytest.approx(60 * 10 / 4)
+    # The table's throughput: useful trajectories per hour, step 1 left out: 6 in 4 s.
+    assert s["useful_per_hour"] == pytest.approx(3600 * 6.0 / 4)
+    # Three steps or fewer: every step is first and last quarter.
+    short = stats.run_stats(entries[:3], result)
+    assert short["len_correct"] == short["len_correct_first"] == pytest.approx((8 + 6) / 6)
+    assert short["len_incorrect_growth"] == 0.0
+    assert short["len_gap"] == pytest.approx((4 * 4 + 6 * 5) / 10 - (8 + 6) / 6)
+
+    summary = stats.summarize({"grpo": [s, {**s, "acc_after": 0.75}], "dr_grpo": [short]})
+    sd = math.sqrt(0.03125)
+    assert summary["grpo"]["acc_after"] == pytest.approx((0.625, sd, sd / math.sqrt(2)))
+    assert summary["dr_grpo"]["acc_after"] == (0.5, 0.0, 0.0)
+    assert "pass@4" not in summary["dr_grpo"]  # its runs had no pass@k
+    table = stats.markdown_table(summary, 2).splitlines()
+    assert table[0].startswith("| variant | held-out greedy | gain | pass@1 | pass@4 |")
     assert table[0].endswith("| zero-var. groups | useful / h |")
+    assert len(table[1].split("|")) == len(table[0].split("|"))
     (row,) = [line for line in table if line.startswith("| grpo |")]
-    assert row.endswith("| 0.375 | 21600 |")
+    assert row.startswith(f"| grpo | 0.625 ± {sd / math.sqrt(2):.3f} | +0.375 ± ")
+    assert "| 0.250 ± 0.000 | 0.750 ± 0.000 | 2.0 → 6.0 ± 0.0 | 4.0 → n/a | n/a |" in row
+    assert row.endswith("| 0.688 ± 0.000 | 5400 ± 0 |")
+    (row,) = [line for line in table if line.startswith("| dr_grpo |")]
+    assert "| n/a | n/a |" in row  # no pass@k for this run
+    contrasts = stats.contrast_table(summary).splitlines()
+    (row,) = [line for line in contrasts if line.startswith("| grpo − dr_grpo |")]
+    assert row.startswith(
+        f"| grpo − dr_grpo | both of Dr. GRPO's changes | +0.125 ± {sd / math.sqrt(2):.3f} |"
+    )
+    assert len(contrasts) == 2 + 1 + 2  # header, one pair, the note
+    assert stats.contrast_table({"grpo": summary["grpo"]}) == ""
     # A ledger from before the metric: n/a in the table.
     old = [{k: v for k, v in e.items() if k != "useful/trajectories"} for e in entries]
-    s_old = ablation.run_stats(old, result)
+    s_old = stats.run_stats(old, result)
     assert math.isnan(s_old["useful_per_hour"])
-    assert ablation.markdown_table(ablation.summarize({"grpo": [s_old]}), 1).count("| n/a |") == 1
+    (row,) = [
+        line
+        for line in stats.markdown_table(stats.summarize({"grpo": [s_old]}), 1).splitlines()
+        if line.startswith("| grpo |")
+    ]
+    assert row.endswith("| n/a |")
 
 
 def test_grad_norm_by_success_by_hand():
@@ -136,9 +207,9 @@ def test_grad_norm_by_success_by_hand():
         {"step": 2, "groups/grad_norm": [5.0], "groups/success_rate": [1.0]},
     ]
     entries.append({"step": 2, "record": "final", "groups/grad_norm": [9.0]})  # not a step row
-    out = ablation.grad_norm_by_success([entries], 2)
+    out = stats.grad_norm_by_success([entries], 2)
     np.testing.assert_allclose(out, [2.0, 2.0, 5.0])
-    assert np.isnan(ablation.grad_norm_by_success([[{"step": 1}]], 2)).all()
+    assert np.isnan(stats.grad_norm_by_success([[{"step": 1}]], 2)).all()
 
 
 def test_trimmed_study_end_to_end(tmp_path):
@@ -157,6 +228,7 @@ def test_trimmed_study_end_to_end(tmp_path):
     c.train.batch_prompts = 4
     c.rl.group_size = 4
     c.rl.sampler.max_new_tokens = 4
+    c.ablation.pass_at_k = {"samples": 2, "ks": "1,2,4"}
     messages = []
     out = ablation.run_ablation(c, tmp_path, log=messages.append)
 
@@ -174,9 +246,17 @@ def test_trimmed_study_end_to_end(tmp_path):
             == result["eval_after"]["eval/accuracy"]
         )
         acc = result["eval_after"]["eval/accuracy"]
-        assert f"| {name} | {ablation.VARIANTS[name][0]} | {acc:.3f} ± 0.000 |" in table
+        assert f"| {name} | {acc:.3f} ± 0.000 |" in table
         zero_var = np.mean([e["adv/frac_zero_variance"] for e in steps])
         assert summary["per_seed"][name][0]["zero_variance"] == pytest.approx(zero_var)
+        # pass@k of the final checkpoint: k above the 2 samples dropped; its greedy accuracy is
+        # the run's own final evaluation, the same weights.
+        passk = json.loads((run_dir / ablation.PASS_AT_K).read_text())
+        assert sorted(k for k in passk if k.startswith("pass@")) == ["pass@1", "pass@2"]
+        assert passk["greedy"] == pytest.approx(acc) and passk["step"] == 3
+        assert passk["pass@1"] == pytest.approx(passk["mean@2"])
+        assert 0 <= passk["pass@1"] <= passk["pass@2"] <= 1
+        assert summary["per_seed"][name][0]["pass@2"] == passk["pass@2"]
         for e in steps:  # the per-prompt diagnostic: one finite norm per group
             norms, rates = e["groups/grad_norm"], e["groups/success_rate"]
             assert len(norms) == len(rates) == 4
@@ -185,16 +265,23 @@ def test_trimmed_study_end_to_end(tmp_path):
             assert hist.tolist() == e["groups/success_hist"]
     assert out["warm_start"]["source"].endswith("hf")
     names = sorted(p.name for p in out["plots"])
-    assert names == ["accuracy.png", "grad_norm_vs_success.png", "length.png", "success_hist.png"]
+    assert names == [
+        "accuracy.png",
+        "grad_norm_vs_success.png",
+        "length.png",
+        "length_by_variant.png",
+        "success_hist.png",
+    ]
     for p in out["plots"]:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # A second call trains nothing and redraws the same table.
     ledgers = sorted((tmp_path / "runs").glob("*/seed_0/metrics.jsonl"))
+    ledgers += sorted((tmp_path / "runs").glob(f"*/seed_0/{ablation.PASS_AT_K}"))
     stamps = [p.stat().st_mtime_ns for p in ledgers]
     again = ablation.run_ablation(c, tmp_path, log=messages.append)
     assert again["table"] == table
-    assert [p.stat().st_mtime_ns for p in ledgers] == stamps and len(ledgers) == 2
+    assert [p.stat().st_mtime_ns for p in ledgers] == stamps and len(ledgers) == 4
 
 
 def test_command_line_requires_config_and_workdir(tmp_path):

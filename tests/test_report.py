@@ -14,7 +14,7 @@ from PIL import Image
 from rlvr_jax import report
 from rlvr_jax.program.evals import plots
 from rlvr_jax.program.runtime import metrics as metrics_lib
-from rlvr_jax.program.studies import ablation
+from rlvr_jax.program.studies import ablation_stats
 
 
 def _write(workdir, entries):
@@ -183,7 +183,7 @@ def test_report_and_ablation_read_the_same_rows(tmp_path):
         "eval_before": metrics_lib.initial_eval(records),
         "eval_after": metrics_lib.final_eval(records),
     }
-    stats = ablation.run_stats(records, result)
+    stats = ablation_stats.run_stats(records, result)
     assert stats["successes"] == pytest.approx(4 * sum(line.get_ydata()))
     assert stats["acc_after"] == 0.75
     # Steps 2..5 timed (step 1 carries the compilation): 4 * (0.5 + 0.75 + 0.5 + 1) in 8 s.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -335,6 +336,62 @@ def plot_curves(runs: Runs, out: Path, window: int = 10) -> list[Path]:
     axes[0, 2].legend(fontsize=7)
     paths.append(save(fig, out / "length.png"))
     return paths
+
+
+def seed_curves(
+    seed_runs: Sequence[Records], key: str, window: int = 1
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(steps, smoothed curves (seeds, steps)) of a training metric, or None where no seed logged
+    it; seeds that stopped early shorten the curves to the steps every seed reached. A step where
+    the metric is missing (e.g. the length of correct answers when none was) is NaN, and the
+    smoothing skips it."""
+    curves = []
+    for records in seed_runs:
+        rows = metrics.step_rows(records)
+        steps = np.asarray([r["step"] for r in rows])
+        values = np.asarray(
+            [np.nan if r.get(key) is None else float(r[key]) for r in rows], np.float64
+        )
+        if np.isfinite(values).any():
+            curves.append((steps, smooth(values, window)))
+    if not curves:
+        return None
+    n = min(v.size for _, v in curves)
+    return curves[0][0][:n], np.asarray([v[:n] for _, v in curves])
+
+
+def plot_lengths_by_variant(runs: Runs, out: Path, window: int = 10) -> Path | None:
+    """Mean length of the correct and of the incorrect training samples over steps, one panel per
+    variant: the mean over seeds, shaded between the lowest and the highest seed; writes
+    `out/length_by_variant.png` (None when no run logged the lengths)."""
+    names = [n for n in runs if seed_curves(runs[n], "length/incorrect") is not None]
+    if not names:
+        return None
+    ncols = min(4, len(names))
+    nrows = math.ceil(len(names) / ncols)
+    fig, axes = _ablation_figure(ncols, nrows, width=3.4, height=2.6)
+    for i, name in enumerate(names):
+        ax = axes[i // ncols, i % ncols]
+        for key, label, color in (
+            ("length/correct", "correct", "tab:green"),
+            ("length/incorrect", "incorrect", "tab:red"),
+        ):
+            curves = seed_curves(runs[name], key, window)
+            if curves is None:
+                continue
+            steps, values = curves
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN steps stay NaN
+                ax.plot(steps, np.nanmean(values, 0), color=color, lw=1.2, label=label)
+                lo, hi = np.nanmin(values, 0), np.nanmax(values, 0)
+            ax.fill_between(steps, lo, hi, color=color, alpha=0.2, lw=0)
+        ax.set(title=f"{name} ({len(runs[name])} seeds)", xlabel="step", ylabel="tokens")
+        ax.grid(alpha=0.3)
+    for j in range(len(names), nrows * ncols):
+        axes[j // ncols, j % ncols].axis("off")
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle(f"Length of correct and incorrect samples ({window}-step mean; band: seed range)")
+    return save(fig, out / "length_by_variant.png")
 
 
 def plot_grad_norms(

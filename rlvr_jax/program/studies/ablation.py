@@ -6,6 +6,9 @@ The config is a training config (`settings_lib.default_config()`) plus an `ablat
   kimi_length_weight: `reward.length_weight` of the "kimi_length" variant.
   warm_start: {steps, batch_size, learning_rate, seed}: when steps > 0, one supervised run on the
     task's demonstrations (the "sft" stage) before any RL, shared by every variant and seed.
+  pass_at_k: {samples, ks}: when samples > 0, each finished run's final checkpoint is also
+    evaluated with that many samples per held-out prompt (temperature 1): pass@k for each k of
+    the comma-separated `ks`, and mean@n (`evaluation.evaluate`, as `rlvr_jax.eval` does).
 
 Each variant is a few dotted overrides of the same base (`BASE` then `VARIANTS[name]`), so the
 prompts (`data.*`, including `data.seed`), the rollout budget (steps x prompts x group size,
@@ -14,7 +17,8 @@ sampling. Expert iteration samples the same budget and trains only on its verifi
 
 Outputs under the workdir: `runs/<variant>/seed_<s>/` (each an ordinary stage workdir, with a
 `result.json` once finished: a rerun skips finished runs), `ablation.md` (the table),
-`summary.json` (every number in the table, per seed too) and `plots/*.png`.
+`summary.json` (every number in the table, per seed too) and `plots/*.png`; with pass@k on,
+each run's `pass_at_k.json` (computed once).
 
 Host code: orchestration and arithmetic on the metrics ledgers (read with
 `metrics.read_metrics`, the same rows the report plots); the math is the stages'. The command
@@ -26,20 +30,20 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import ml_collections
-import numpy as np
 
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.program import settings as settings_lib
-from rlvr_jax.program.evals import plots
-from rlvr_jax.program.runtime import metrics, useful
+from rlvr_jax.program.evals import evaluation, plots
+from rlvr_jax.program.parts import build
+from rlvr_jax.program.runtime import metrics
 from rlvr_jax.program.stages import dispatch
+from rlvr_jax.program.studies import ablation_stats as stats_lib
 
 # Every variant starts from these values, so that a base config's own choices of stage,
 # estimator, aggregation, length reward or sampler cannot leak into the comparison.
@@ -130,6 +134,8 @@ class AblationSettings:
       kimi_length_weight: the length reward weight of the "kimi_length" variant.
       warm_start_steps: supervised steps before RL (0: start from `model.source`).
       warm_start_batch_size, warm_start_learning_rate, warm_start_seed: of that run.
+      pass_at_k_samples: samples per held-out prompt for pass@k after training (0: none).
+      pass_at_k: the k of pass@k (those above the samples are dropped).
     """
 
     variants: tuple[str, ...]
@@ -139,6 +145,8 @@ class AblationSettings:
     warm_start_batch_size: int = 32
     warm_start_learning_rate: float = 1e-3
     warm_start_seed: int = 0
+    pass_at_k_samples: int = 0
+    pass_at_k: tuple[int, ...] = (1,)
 
     def __post_init__(self):
         unknown = [v for v in self.variants if v not in VARIANTS]
@@ -152,6 +160,11 @@ class AblationSettings:
             raise ConfigError(f"ablation.seeds={self.seeds}: give distinct seeds")
         if self.warm_start_steps < 0:
             raise ConfigError(f"ablation.warm_start.steps={self.warm_start_steps} must be >= 0")
+        if self.pass_at_k_samples < 0 or not self.pass_at_k or min(self.pass_at_k) < 1:
+            raise ConfigError(
+                f"ablation.pass_at_k: samples={self.pass_at_k_samples} must be >= 0 and "
+                f"ks={self.pass_at_k} positive integers, e.g. samples=8, ks='1,8'"
+            )
 
 
 def _names(value: Any, what: str) -> tuple[str, ...]:
@@ -169,7 +182,7 @@ def split_config(config: Any) -> tuple[AblationSettings, ml_collections.ConfigDi
         raise ConfigError("the config has no 'ablation' section (see configs/ablation.py)")
     section = base.ablation.to_dict()
     del base["ablation"]
-    known = {"variants", "seeds", "kimi_length_weight", "warm_start"}
+    known = {"variants", "seeds", "kimi_length_weight", "warm_start", "pass_at_k"}
     unknown = sorted(set(section) - known)
     if unknown:
         raise ConfigError(f"unknown setting ablation.{unknown[0]}; known: {sorted(known)}")
@@ -177,10 +190,18 @@ def split_config(config: Any) -> tuple[AblationSettings, ml_collections.ConfigDi
     unknown = sorted(set(warm) - {"steps", "batch_size", "learning_rate", "seed"})
     if unknown:
         raise ConfigError(f"unknown setting ablation.warm_start.{unknown[0]}")
+    passk = dict(section.get("pass_at_k") or {})
+    unknown = sorted(set(passk) - {"samples", "ks"})
+    if unknown:
+        raise ConfigError(f"unknown setting ablation.pass_at_k.{unknown[0]}; known: samples, ks")
     try:
         seeds = tuple(int(s) for s in _names(section.get("seeds", "0"), "seeds"))
     except ValueError as e:
         raise ConfigError(f"ablation.seeds={section.get('seeds')!r}: {e}") from e
+    try:
+        ks = tuple(int(k) for k in _names(passk.get("ks", "1"), "pass_at_k.ks"))
+    except ValueError as e:
+        raise ConfigError(f"ablation.pass_at_k.ks={passk.get('ks')!r}: {e}") from e
     settings = AblationSettings(
         variants=_names(section.get("variants", ",".join(VARIANTS)), "variants"),
         seeds=seeds,
@@ -189,6 +210,8 @@ def split_config(config: Any) -> tuple[AblationSettings, ml_collections.ConfigDi
         warm_start_batch_size=int(warm.get("batch_size", 32)),
         warm_start_learning_rate=float(warm.get("learning_rate", 1e-3)),
         warm_start_seed=int(warm.get("seed", 0)),
+        pass_at_k_samples=int(passk.get("samples", 0)),
+        pass_at_k=ks,
     )
     return settings, base
 
@@ -279,127 +302,35 @@ def run_one(
     return result
 
 
-# ---------------------------------------------------------------------------------------------
-# Statistics of the runs
+PASS_AT_K = "pass_at_k.json"
 
 
-def run_stats(records: Sequence[Mapping[str, Any]], result: Mapping[str, Any]) -> dict[str, Any]:
-    """The table's numbers for one run, from its ledger records and result.
+def heldout_pass_at_k(run_dir: Path, ablation: AblationSettings) -> dict[str, float] | None:
+    """pass@k and mean@n of a finished run's final checkpoint on its held-out prompts, at
+    temperature 1 (`evaluation.evaluate`); written to `run_dir/pass_at_k.json` and read back from
+    it on a rerun. None when `ablation.pass_at_k_samples` is 0.
 
-    - lengths: means over the rollouts of the last quarter of the steps, weighted by how many
-      responses were correct (resp. incorrect) at each step.
-    - zero_variance: the mean over steps of the fraction of groups whose rewards are all equal.
-    - successes_per_minute: verified-correct samples per minute of step time, from step 2 on
-      (step 1 carries the compilation).
-    - useful_per_hour: verified useful trajectories (rows of groups whose rewards differ) per
-      hour of step time, from step 2 on (`useful.run_per_hour`); NaN for a ledger without them.
-
-    Args:
-      records: the run's `metrics.read_metrics` records (only the step rows are used).
-      result: the run's `run_one` result (evaluations and rows per step).
+    Returns:
+      {"pass@k" for each k <= samples, "mean@n", "greedy" (the greedy accuracy of the same
+      checkpoint), "samples", "step" (the checkpoint's)}.
     """
-    n_rows = result["rows_per_step"]
-    rows = metrics.step_rows(records)
-    steps, acc = metrics.series(rows, "accuracy", drop_missing=True)
-    if steps.size == 0:
-        raise ValueError("the run logged no training steps")
-    by_step = {r["step"]: r for r in rows}
-    last = steps[steps > steps.max() * 3 / 4] if steps.size >= 4 else steps
-    n_ok = np.asarray([by_step[s]["accuracy"] * n_rows for s in last])
-    n_bad = n_rows - n_ok
-    len_ok = np.asarray([by_step[s].get("length/correct") or 0.0 for s in last])
-    len_bad = np.asarray([by_step[s].get("length/incorrect") or 0.0 for s in last])
-    _, zero_var = metrics.series(rows, "adv/frac_zero_variance", drop_missing=True)
-    t_steps, t = metrics.series(rows, metrics.STEP_TIME, drop_missing=True)
-    timed = t_steps > 1 if t_steps.size > 1 else np.ones_like(t_steps, bool)
-    ok_timed = np.asarray([by_step[s]["accuracy"] * n_rows for s in t_steps[timed]])
-    seconds = float(np.sum(t[timed]))
-    return {
-        "acc_before": result["eval_before"]["eval/accuracy"],
-        "acc_after": result["eval_after"]["eval/accuracy"],
-        "eval_length_after": result["eval_after"]["eval/length"],
-        "len_correct": float(np.sum(n_ok * len_ok) / np.sum(n_ok)) if np.sum(n_ok) else math.nan,
-        "len_incorrect": (
-            float(np.sum(n_bad * len_bad) / np.sum(n_bad)) if np.sum(n_bad) else math.nan
-        ),
-        "zero_variance": float(np.mean(zero_var)) if zero_var.size else math.nan,
-        "successes": float(np.sum(acc) * n_rows),
-        "successes_per_minute": float(60 * np.sum(ok_timed) / seconds) if seconds else math.nan,
-        "step_seconds": seconds / max(int(np.sum(timed)), 1),
-        "useful_per_hour": useful.run_per_hour(records),
-    }
-
-
-def _mean_std(xs: Sequence[float]) -> tuple[float, float]:
-    a = np.asarray([x for x in xs if not math.isnan(x)], np.float64)
-    if a.size == 0:
-        return math.nan, math.nan
-    return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else 0.0
-
-
-def summarize(per_seed: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per variant: mean and sample std over seeds of every `run_stats` number, and the seeds'."""
-    out = {}
-    for name, stats in per_seed.items():
-        row: dict[str, Any] = {"per_seed": list(stats)}
-        for key in stats[0]:
-            row[key] = _mean_std([s[key] for s in stats])
-        row["gain"] = _mean_std([s["acc_after"] - s["acc_before"] for s in stats])
-        out[name] = row
+    if not ablation.pass_at_k_samples:
+        return None
+    done = run_dir / PASS_AT_K
+    if done.exists():
+        return json.loads(done.read_text())
+    params, model_cfg, tok, settings, step = build.restore_policy(run_dir)
+    examples = build.load_examples(settings.data)[1]
+    n = ablation.pass_at_k_samples
+    options = evaluation.EvalOptions(num_samples=n, ks=ablation.pass_at_k)
+    result = evaluation.evaluate(params, model_cfg, tok, settings, examples, options)
+    sampled = result[evaluation.SAMPLED][evaluation.ALL]
+    out = {k: float(v) for k, v in sampled.items() if k.startswith(("pass@", "mean@"))}
+    out.update(
+        greedy=float(result[evaluation.GREEDY][evaluation.ALL]["mean@1"]), samples=n, step=step
+    )
+    done.write_text(json.dumps(out, indent=1))
     return out
-
-
-def _fmt(x: float, digits: int = 3) -> str:
-    return "n/a" if math.isnan(x) else f"{x:.{digits}f}"
-
-
-def markdown_table(summary: Mapping[str, Mapping[str, Any]], num_seeds: int) -> str:
-    """The study's table: one row per variant, mean ± std over seeds."""
-    lines = [
-        "| variant | what changes | held-out acc. after | gain | len. correct | len. incorrect "
-        "| zero-var. groups | useful / h |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, row in summary.items():
-        (acc, acc_sd), (gain, gain_sd) = row["acc_after"], row["gain"]
-        lines.append(
-            f"| {name} | {VARIANTS[name][0]} | {_fmt(acc)} ± {_fmt(acc_sd)} "
-            f"| {gain:+.3f} ± {_fmt(gain_sd)} | {_fmt(row['len_correct'][0], 2)} "
-            f"| {_fmt(row['len_incorrect'][0], 2)} | {_fmt(row['zero_variance'][0])} "
-            f"| {_fmt(row['useful_per_hour'][0], 0)} |"
-        )
-    before = [row["acc_before"][0] for row in summary.values()]
-    lines += [
-        "",
-        f"Mean ± sample std over {num_seeds} seed(s). Held-out accuracy: greedy, before RL "
-        f"{_fmt(float(np.mean(before)))}. Lengths (tokens, end token included): training "
-        "rollouts of the last quarter of the steps. Zero-var. groups: mean fraction of groups "
-        "whose rewards are all equal. Useful / h: verified useful trajectories (samples of groups "
-        "whose rewards differ, the ones that give a gradient) per hour of step time (step 1, "
-        "the compilation, excluded).",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def grad_norm_by_success(seed_runs: Sequence[Sequence[Mapping[str, Any]]], G: int) -> np.ndarray:
-    """Mean per-group gradient norm for each number of successes 0..G (NaN where none), over
-    the step rows of every seed's records."""
-    sums, counts = np.zeros(G + 1), np.zeros(G + 1)
-    for records in seed_runs:
-        for r in metrics.step_rows(records):
-            norms, rates = r.get("groups/grad_norm"), r.get("groups/success_rate")
-            if norms is None or rates is None:
-                continue
-            k = np.rint(np.asarray(rates) * G).astype(int)
-            np.add.at(sums, k, np.asarray(norms, np.float64))
-            np.add.at(counts, k, 1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(counts > 0, sums / counts, np.nan)
-
-
-# (std-scaled, unscaled) pairs that differ only in the std division; their ratio of per-prompt
-# gradient norms is the re-weighting, to set against 1 / sqrt(p (1 - p)).
-STD_PAIRS = (("grpo", "grpo_no_std"), ("curriculum", "no_std_curriculum"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,7 +356,8 @@ def _train_all(
             result = run_one(config, run_dir, log=lambda _: None)
             records = metrics.read_metrics(run_dir)
             runs[name].append(records)
-            stats[name].append(run_stats(records, result))
+            passk = heldout_pass_at_k(run_dir, ablation)
+            stats[name].append(stats_lib.run_stats(records, result, passk))
             log(
                 f"{name} seed {seed}: held-out accuracy {stats[name][-1]['acc_before']:.3f} -> "
                 f"{stats[name][-1]['acc_after']:.3f} ({time.time() - t0:.0f} s)"
@@ -464,17 +396,21 @@ def run_ablation(
         accuracy = [(warm[k] or {}).get("eval/accuracy") for k in ("eval_before", "eval_after")]
         log(f"warm start: {warm['source']}, held-out accuracy {accuracy[0]} -> {accuracy[1]}")
     runs, stats = _train_all(base, ablation, workdir, log)
-    summary = summarize(stats)
-    table = markdown_table(summary, len(ablation.seeds))
+    summary = stats_lib.summarize(stats)
+    table = stats_lib.markdown_table(summary, len(ablation.seeds))
+    contrasts = stats_lib.contrast_table(summary)
+    if contrasts:
+        table += "\n" + contrasts
     (workdir / "ablation.md").write_text(table)
     G = int(base.rl.group_size)
-    grad = {name: grad_norm_by_success(r, G) for name, r in runs.items()}
+    grad = {name: stats_lib.grad_norm_by_success(r, G) for name, r in runs.items()}
     plots_dir = workdir / "plots"
     plots_dir.mkdir(exist_ok=True)
     paths = plots.plot_curves(runs, plots_dir)
     for extra in (
-        plots.plot_grad_norms(grad, G, STD_PAIRS, plots_dir),
+        plots.plot_grad_norms(grad, G, stats_lib.STD_PAIRS, plots_dir),
         plots.plot_histograms(runs, G, plots_dir),
+        plots.plot_lengths_by_variant(runs, plots_dir),
     ):
         if extra is not None:
             paths.append(extra)
