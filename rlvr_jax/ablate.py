@@ -1,11 +1,13 @@
 """The objective-bias study in one command: every variant, several seeds, one table and plots.
 
   python -m rlvr_jax.ablate --config=configs/ablation.py --workdir=W [--platform=cpu]
+      [--finished_only]
 
 The config is a training config plus an `ablation` section (variants, seeds, the Kimi length
 weight, an optional supervised warm start); `program.studies.ablation` documents it and runs the
 study. Under W: `runs/<variant>/seed_<s>/` (a rerun skips finished runs), `ablation.md` (the table),
-`summary.json` and `plots/*.png`.
+`summary.json` and `plots/*.png`. `--finished_only` trains nothing: the table and plots of the
+runs finished so far (while the study runs, or after it was stopped), the others named.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ _COMPILE_CACHE = flags.DEFINE_string(
     str(compilation.default_cache_dir()),
     compilation.CACHE_FLAG_HELP,
 )
+_FINISHED_ONLY = flags.DEFINE_bool(
+    "finished_only",
+    False,
+    "Train nothing: the table and plots of the runs that finished, the others named.",
+)
 flags.DEFINE_bool(user_errors.VERBOSE_FLAG, False, user_errors.VERBOSE_HELP)
 
 
@@ -49,7 +56,7 @@ def main(argv: Sequence[str]) -> None:
         jax.config.update("jax_platforms", _PLATFORM.value)
     # The seeds of one variant compile the same programs: compile them once.
     compilation.enable_cache(_COMPILE_CACHE.value)
-    out = ablation.run_ablation(_CONFIG.value, _WORKDIR.value)
+    out = ablation.run_ablation(_CONFIG.value, _WORKDIR.value, finished_only=_FINISHED_ONLY.value)
     print(
         f"wrote {_WORKDIR.value}/ablation.md and {len(out['plots'])} plots in "
         f"{out['seconds']:.0f} s"

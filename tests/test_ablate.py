@@ -180,7 +180,7 @@ def test_run_stats_by_hand(tmp_path):
     assert row.startswith(f"| grpo | 0.625 ± {sd / math.sqrt(2):.3f} | +0.375 ± ")
     assert "| 0.250 ± 0.000 | 0.750 ± 0.000 | 2.0 → 6.0 ± 0.0 | 4.0 → n/a | n/a |" in row
     assert row.endswith("| 0.688 ± 0.000 | 5400 ± 0 |")
-    (row,) = [line for line in table if line.startswith("| dr_grpo |")]
+    (row,) = [line for line in table if line.startswith("| dr_grpo (1 seed) |")]
     assert "| n/a | n/a |" in row  # no pass@k for this run
     contrasts = stats.contrast_table(summary).splitlines()
     (row,) = [line for line in contrasts if line.startswith("| grpo − dr_grpo |")]
@@ -282,6 +282,27 @@ def test_trimmed_study_end_to_end(tmp_path):
     again = ablation.run_ablation(c, tmp_path, log=messages.append)
     assert again["table"] == table
     assert [p.stat().st_mtime_ns for p in ledgers] == stamps and len(ledgers) == 4
+
+    # Finished runs only: a seed that never ran is named under the table, not trained.
+    c.ablation.seeds = "0,1"
+    partial = ablation.run_ablation(c, tmp_path, log=messages.append, finished_only=True)
+    assert partial["missing"] == ["grpo seed 1", "difficulty_curriculum seed 1"]
+    assert not list((tmp_path / "runs").glob("*/seed_1"))
+    assert (
+        f"| grpo (1 seed) | {summary['per_seed']['grpo'][0]['acc_after']:.3f} ± 0.000 |"
+        in (partial["table"])
+    )
+    assert partial["table"].endswith(
+        "Not finished, left out (2): grpo seed 1, difficulty_curriculum seed 1.\n"
+    )
+
+
+def test_finished_only_without_runs_is_an_error(tmp_path):
+    c = ablation_config.get_config()
+    c.ablation.variants = "grpo"
+    with pytest.raises(ConfigError, match="no finished run of \\('grpo',\\)"):
+        ablation.run_ablation(c, tmp_path, log=lambda _: None, finished_only=True)
+    assert not (tmp_path / "warm_start").exists()
 
 
 def test_command_line_requires_config_and_workdir(tmp_path):

@@ -342,15 +342,21 @@ def _train_all(
     ablation: AblationSettings,
     workdir: Path,
     log: Callable[[str], None],
-) -> tuple[dict[str, list[list[dict]]], dict[str, list[dict]]]:
+    finished_only: bool = False,
+) -> tuple[dict[str, list[list[dict]]], dict[str, list[dict]], list[str]]:
     """Runs (or reads) every variant and seed: ({variant: records per seed}, {variant: stats
-    per seed})."""
+    per seed}, the "variant seed s" runs left out). With `finished_only`, runs without a
+    `result.json` are left out rather than trained, and variants with none are dropped."""
     runs: dict[str, list[list[dict]]] = {}
     stats: dict[str, list[dict]] = {}
+    missing = []
     for name in ablation.variants:
         runs[name], stats[name] = [], []
         for seed in ablation.seeds:
             run_dir = workdir / "runs" / name / f"seed_{seed}"
+            if finished_only and not (run_dir / "result.json").exists():
+                missing.append(f"{name} seed {seed}")
+                continue
             t0 = time.time()
             config = variant_config(base, name, seed, ablation)
             result = run_one(config, run_dir, log=lambda _: None)
@@ -362,11 +368,16 @@ def _train_all(
                 f"{name} seed {seed}: held-out accuracy {stats[name][-1]['acc_before']:.3f} -> "
                 f"{stats[name][-1]['acc_after']:.3f} ({time.time() - t0:.0f} s)"
             )
-    return runs, stats
+        if not runs[name]:
+            del runs[name], stats[name]
+    return runs, stats, missing
 
 
 def run_ablation(
-    config: Any, workdir: str | Path, log: Callable[[str], None] = print
+    config: Any,
+    workdir: str | Path,
+    log: Callable[[str], None] = print,
+    finished_only: bool = False,
 ) -> dict[str, Any]:
     """Runs (or resumes) every variant and seed, then writes the table, summary and plots.
 
@@ -374,10 +385,16 @@ def run_ablation(
       config: a training config with an `ablation` section (see `configs/ablation.py`).
       workdir: a local directory for the runs, the table, the summary and the plots.
       log: receives progress lines and, at the end, the table.
+      finished_only: train nothing: the table and plots of the runs that finished (while the
+        study still runs elsewhere, or after it stopped), the others named under the table.
 
     Returns:
       {"summary": per-variant statistics, "table": the Markdown, "plots": PNG paths,
-      "warm_start": the warm start's result or None, "seconds": this call's wall time}.
+      "warm_start": the warm start's result or None, "missing": the runs left out,
+      "seconds": this call's wall time}.
+
+    Raises:
+      ConfigError: a bad variant; with `finished_only`, no finished run under `workdir`.
     """
     start = time.time()
     workdir = Path(workdir)
@@ -390,14 +407,21 @@ def run_ablation(
                 f"ablation variant {name!r}: eval.in_stage=False, but the ablation compares each "
                 "run's own held-out accuracy before and after training; leave it on"
             )
-    warm = warm_start(base, ablation, workdir / "warm_start", log)
+    warm_dir = workdir / "warm_start"
+    warm = None
+    if not finished_only or (warm_dir / "result.json").exists():
+        warm = warm_start(base, ablation, warm_dir, log)
     if warm is not None:
         base.model.source = warm["source"]
         accuracy = [(warm[k] or {}).get("eval/accuracy") for k in ("eval_before", "eval_after")]
         log(f"warm start: {warm['source']}, held-out accuracy {accuracy[0]} -> {accuracy[1]}")
-    runs, stats = _train_all(base, ablation, workdir, log)
+    runs, stats, missing = _train_all(base, ablation, workdir, log, finished_only)
+    if not runs:
+        raise ConfigError(f"{workdir}: no finished run of {ablation.variants} to report")
     summary = stats_lib.summarize(stats)
     table = stats_lib.markdown_table(summary, len(ablation.seeds))
+    if missing:
+        table += f"\nNot finished, left out ({len(missing)}): {', '.join(missing)}.\n"
     contrasts = stats_lib.contrast_table(summary)
     if contrasts:
         table += "\n" + contrasts
@@ -432,5 +456,6 @@ def run_ablation(
         "table": table,
         "plots": paths,
         "warm_start": warm,
+        "missing": missing,
         "seconds": time.time() - start,
     }

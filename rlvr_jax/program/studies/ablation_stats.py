@@ -139,8 +139,9 @@ def markdown_table(summary: Mapping[str, Mapping[str, Any]], num_seeds: int) -> 
         "|---" * (8 + len(passk)) + "|",
     ]
     for name, row in summary.items():
+        n = len(row["per_seed"])
         cells = [
-            name,
+            name if n == num_seeds else f"{name} ({n} seed{'s' if n > 1 else ''})",
             _pm(row["acc_after"]),
             _pm(row["gain"], sign="+"),
             *(_pm(row.get(k, (math.nan,))) for k in passk),
