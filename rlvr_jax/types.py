@@ -42,3 +42,7 @@ class Rollout:
     # of its slot-steps (slots x emission steps / N). None where no sampler filled them.
     decode_steps_N: Array | None = None  # (N,) int32
     slot_steps_N: Array | None = None  # (N,) f32
+    # An MoE policy's experts, in every layer, of the position whose logits each token was
+    # sampled from (most probable first), as the static decode loop records them; None for a
+    # dense model and where a sampler does not record them (continuous batching).
+    experts_NTLk: Array | None = None  # (N, T, L, k) int32

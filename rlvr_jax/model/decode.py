@@ -87,30 +87,52 @@ def prefill(
     Returns:
       (logits (N, V) f32 of the last prompt position, cache).
     """
+    logits_NV, cache, _ = routed_prefill(params, prompt_NP, prompt_mask_NP, cache, model_cfg, group)
+    return logits_NV, cache
+
+
+def routed_prefill(
+    params: transformer.Params,
+    prompt_NP: Array,
+    prompt_mask_NP: Array,
+    cache: KVCache,
+    model_cfg: ModelConfig,
+    group: int = 1,
+) -> tuple[Array, KVCache, Array | None]:
+    """`prefill`, and an MoE model's experts (N, L, k) int32 of the last prompt position in
+    every layer (most probable first; None for a dense model)."""
     prompt_NP, prompt_mask_NP = prompt_NP[::group], prompt_mask_NP[::group]
     N, P = prompt_NP.shape  # the rows prefilled: one per group
     # A cache of the prompt's P slots only, so prefill attention spans P, not S, slots.
     kv = kv_cache.init_cache(model_cfg, N, P, cache.dtype)
     positions_NP = transformer.positions_from_mask(prompt_mask_NP)
-    h_NPD, kv = transformer.hidden_states(
-        params, prompt_NP, positions_NP, model_cfg, kv, prompt_mask_NP
+    h_NPD, kv, routed = transformer._decoder(
+        params, prompt_NP, positions_NP, model_cfg, kv, prompt_mask_NP, None, None
     )
     # Left padding puts every row's last prompt token in column P - 1; projecting only that
     # column avoids an (N, P, V) logits array.
     logits_NV = transformer.logits_from_hidden(params, h_NPD[:, -1:], model_cfg)[:, 0]
+    experts_NLk = None if routed is None else routed.experts_Nk[:, :, -1].swapaxes(0, 1)
     k_LNKPd, v_LNKPd = kv.k, kv.v
     if group > 1:
         logits_NV = jnp.repeat(logits_NV, group, axis=0)
         k_LNKPd, v_LNKPd = (jnp.repeat(x, group, axis=1) for x in (k_LNKPd, v_LNKPd))
+        if experts_NLk is not None:
+            experts_NLk = jnp.repeat(experts_NLk, group, axis=0)
     put = jax.lax.dynamic_update_slice
     if cache.unrolled:
-        return logits_NV, KVCache(
-            k=tuple(put(c, k_LNKPd[i], (0, 0, 0, 0)) for i, c in enumerate(cache.k)),
-            v=tuple(put(c, v_LNKPd[i], (0, 0, 0, 0)) for i, c in enumerate(cache.v)),
+        return (
+            logits_NV,
+            KVCache(
+                k=tuple(put(c, k_LNKPd[i], (0, 0, 0, 0)) for i, c in enumerate(cache.k)),
+                v=tuple(put(c, v_LNKPd[i], (0, 0, 0, 0)) for i, c in enumerate(cache.v)),
+            ),
+            experts_NLk,
         )
-    return logits_NV, KVCache(
+    cache = KVCache(
         k=put(cache.k, k_LNKPd, (0, 0, 0, 0, 0)), v=put(cache.v, v_LNKPd, (0, 0, 0, 0, 0))
     )
+    return logits_NV, cache, experts_NLk
 
 
 LayerWeights = tuple[transformer.Layers, transformer.LoraParams | None]
@@ -146,11 +168,15 @@ def _qkv(
     return q[:, 0].reshape(N, K, cfg.num_heads // K, cfg.head_dim), k[:, 0], v[:, 0]
 
 
-def _out_and_mlp(x_ND: Array, attn_NKGd: Array, w: LayerWeights, cfg: ModelConfig) -> Array:
-    """`transformer._out_and_mlp` of one token per row."""
+def _out_and_mlp(
+    x_ND: Array, attn_NKGd: Array, w: LayerWeights, cfg: ModelConfig
+) -> tuple[Array, Array | None]:
+    """`transformer._out_and_routed_mlp` of one token per row: the output, and an MoE block's
+    experts (N, k) (None when dense)."""
     attn = attn_NKGd.reshape(x_ND.shape[0], 1, cfg.num_heads, cfg.head_dim)
     layer, lora = w
-    return transformer._out_and_mlp(x_ND[:, None], attn, layer, cfg, lora)[:, 0]
+    x, routed = transformer._out_and_routed_mlp(x_ND[:, None], attn, layer, cfg, lora)
+    return x[:, 0], None if routed is None else routed.experts_Nk[:, 0]
 
 
 def _scores(q_NKGd: Array, k_NKSd: Array, valid_NS: Array) -> Array:
@@ -204,7 +230,7 @@ def _scan_layers(
     slot: Array,
     cfg: ModelConfig,
     windows: tuple[int, ...],
-) -> tuple[Array, KVCache]:
+) -> tuple[Array, KVCache, Array | None]:
     # Smallest window that holds slots [0, slot).
     branch = jnp.sum(jnp.asarray(windows) < slot)
     attends = [functools.partial(_window_attention, window=w) for w in windows]
@@ -214,14 +240,18 @@ def _scan_layers(
         q, k, v = _qkv(x_ND, w, rope_N, cfg)
         args = (q, k, v, cache, index, prompt_mask_NP, slot)
         attn = attends[0](*args) if len(attends) == 1 else jax.lax.switch(branch, attends, *args)
-        return _out_and_mlp(x_ND, attn, w, cfg), (k, v)
+        x_ND, experts_Nk = _out_and_mlp(x_ND, attn, w, cfg)
+        return x_ND, (k, v, experts_Nk)
 
     layer_ids = jnp.arange(cfg.num_layers)
-    x_ND, (k_LNKd, v_LNKd) = jax.lax.scan(layer, x_ND, (params.layers, params.lora, layer_ids))
+    x_ND, (k_LNKd, v_LNKd, experts_LNk) = jax.lax.scan(
+        layer, x_ND, (params.layers, params.lora, layer_ids)
+    )
     # Written after the scan, once: the scan only reads the cache, so the update is in place.
     at = (0, 0, 0, slot, 0)
     put = lambda c, new: jax.lax.dynamic_update_slice(c, new[:, :, :, None].astype(c.dtype), at)
-    return x_ND, KVCache(k=put(cache.k, k_LNKd), v=put(cache.v, v_LNKd))
+    experts_NLk = None if experts_LNk is None else experts_LNk.swapaxes(0, 1)
+    return x_ND, KVCache(k=put(cache.k, k_LNKd), v=put(cache.v, v_LNKd)), experts_NLk
 
 
 def _span_attention(
@@ -245,7 +275,7 @@ def _unrolled_layers(
     slot: Array,
     cfg: ModelConfig,
     windows: tuple[int, ...],
-) -> tuple[Array, KVCache]:
+) -> tuple[Array, KVCache, Array | None]:
     # Write first, then attend to the buffer just written: each buffer's only reader follows its
     # update, so XLA updates it in place (reading it before the write made XLA copy it).
     put = lambda c, new: jax.lax.dynamic_update_slice(c, new[:, :, None].astype(c.dtype), at)
@@ -254,13 +284,16 @@ def _unrolled_layers(
     branch = jnp.sum(jnp.asarray(windows) <= slot)
     attends = [functools.partial(_span_attention, window=w) for w in windows]
     ks, vs = list(cache.k), list(cache.v)
+    experts = []
     for i, w in enumerate(layers):
         q, k, v = _qkv(x_ND, w, rope_N, cfg)
         ks[i], vs[i] = put(ks[i], k), put(vs[i], v)
         args = (q, ks[i], vs[i], prompt_mask_NP, slot)
         attn = attends[0](*args) if len(attends) == 1 else jax.lax.switch(branch, attends, *args)
-        x_ND = _out_and_mlp(x_ND, attn, w, cfg)
-    return x_ND, KVCache(k=tuple(ks), v=tuple(vs))
+        x_ND, experts_Nk = _out_and_mlp(x_ND, attn, w, cfg)
+        experts.append(experts_Nk)
+    experts_NLk = None if experts[0] is None else jnp.stack(experts, axis=1)
+    return x_ND, KVCache(k=tuple(ks), v=tuple(vs)), experts_NLk
 
 
 def decode_step(
@@ -291,17 +324,36 @@ def decode_step(
     Returns:
       (logits (N, V) f32, cache).
     """
+    return routed_decode_step(
+        params, layers, cache, tokens_N, rope_N, prompt_mask_NP, slot, model_cfg, windows
+    )[:2]
+
+
+def routed_decode_step(
+    params: transformer.Params,
+    layers: list[LayerWeights] | None,
+    cache: KVCache,
+    tokens_N: Array,
+    rope_N: tuple[Array, Array],
+    prompt_mask_NP: Array,
+    slot: Array,
+    model_cfg: ModelConfig,
+    windows: tuple[int, ...],
+) -> tuple[Array, KVCache, Array | None]:
+    """`decode_step`, and an MoE model's experts (N, L, k) int32 of the fed tokens in every
+    layer (most probable first; None for a dense model)."""
     x_ND = params.embed[tokens_N].astype(jnp.dtype(model_cfg.dtype))
     if cache.unrolled:
-        x_ND, cache = _unrolled_layers(
+        x_ND, cache, experts_NLk = _unrolled_layers(
             x_ND, layers, cache, rope_N, prompt_mask_NP, slot, model_cfg, windows
         )
     else:
-        x_ND, cache = _scan_layers(
+        x_ND, cache, experts_NLk = _scan_layers(
             x_ND, params, cache, rope_N, prompt_mask_NP, slot, model_cfg, windows
         )
     x_ND = transformer.rms_norm(x_ND, params.final_norm, model_cfg.norm_eps)
-    return transformer.logits_from_hidden(params, x_ND[:, None], model_cfg)[:, 0], cache
+    logits_NV = transformer.logits_from_hidden(params, x_ND[:, None], model_cfg)[:, 0]
+    return logits_NV, cache, experts_NLk
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,7 +390,7 @@ def _scan_layers_per_row(
         q, k, v = _qkv(x_ND, w, rope_N, cfg)
         args = (q, k, v, cache, index, prompt_mask_NP, limit_N1)
         attn = attends[0](*args) if len(attends) == 1 else jax.lax.switch(branch, attends, *args)
-        return _out_and_mlp(x_ND, attn, w, cfg), (k, v)
+        return _out_and_mlp(x_ND, attn, w, cfg)[0], (k, v)
 
     layer_ids = jnp.arange(cfg.num_layers)
     x_ND, (k_LNKd, v_LNKd) = jax.lax.scan(layer, x_ND, (params.layers, params.lora, layer_ids))
@@ -370,7 +422,7 @@ def _unrolled_layers_per_row(
         ks[i], vs[i] = _put_per_row(ks[i], k, slot_N), _put_per_row(vs[i], v, slot_N)
         args = (q, ks[i], vs[i], prompt_mask_NP, limit_N1)
         attn = attends[0](*args) if len(attends) == 1 else jax.lax.switch(branch, attends, *args)
-        x_ND = _out_and_mlp(x_ND, attn, w, cfg)
+        x_ND = _out_and_mlp(x_ND, attn, w, cfg)[0]
     return x_ND, KVCache(k=tuple(ks), v=tuple(vs))
 
 

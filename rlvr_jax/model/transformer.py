@@ -437,6 +437,25 @@ def hidden_states(
     return x, cache
 
 
+def routed_hidden_states(
+    params: Params,
+    tokens_BT: Array,
+    positions_BT: Array,
+    cfg: ModelConfig,
+    mask_BT: Array | None = None,
+    *,
+    lora: LoraParams | None = None,
+    segment_ids_BT: Array | None = None,
+) -> tuple[Array, moe_lib.Routing | None]:
+    """`hidden_states` of a full causal pass (no cache), and the routing of its tokens as
+    `routing` returns it, fields (L, B, T, ...); None for a dense model, whose pass is
+    `hidden_states`' exactly."""
+    x, _, routed = _decoder(
+        params, tokens_BT, positions_BT, cfg, None, mask_BT, lora, segment_ids_BT
+    )
+    return x, routed
+
+
 def routing(
     params: Params,
     tokens_BT: Array,
@@ -604,6 +623,35 @@ def grouped_hidden_states(
     Returns:
       Final-norm hidden states (B, P, D) of the prompts and (N, T, D) of the completions.
     """
+    hp, hc, _, _ = grouped_routed_hidden_states(
+        params,
+        prompt_BP,
+        prompt_mask_BP,
+        prompt_positions_BP,
+        completion_NT,
+        completion_mask_NT,
+        completion_positions_NT,
+        cfg,
+        lora=lora,
+    )
+    return hp, hc
+
+
+def grouped_routed_hidden_states(
+    params: Params,
+    prompt_BP: Array,
+    prompt_mask_BP: Array,
+    prompt_positions_BP: Array,
+    completion_NT: Array,
+    completion_mask_NT: Array,
+    completion_positions_NT: Array,
+    cfg: ModelConfig,
+    *,
+    lora: LoraParams | None = None,
+) -> tuple[Array, Array, moe_lib.Routing | None, moe_lib.Routing | None]:
+    """`grouped_hidden_states` (arguments and states as there), and the routing of the
+    prompts' tokens, fields (L, B, P, ...), and of the completions', (L, N, T, ...), as `routing`
+    returns it; both None for a dense model."""
     B, P = prompt_BP.shape
     N, T = completion_NT.shape
     if N % B:
@@ -639,12 +687,17 @@ def grouped_hidden_states(
             q, k, v = _qkv(x, w, rope, cfg, ad)
             (qp, qc), (kp, kc), (vp, vc) = unpack(q), unpack(k), unpack(v)
             attn = pack(attend_p(qp, kp, vp), attend_c(qc, kp, vp, kc, vc))
-            return sharding.constrain_rows(_out_and_mlp(x, attn, w, cfg, ad)), None
+            x, routed = _out_and_routed_mlp(x, attn, w, cfg, ad)
+            return sharding.constrain_rows(x), routed
 
         if cfg.remat:
             packed_body = jax.checkpoint(packed_body, prevent_cse=False)
-        x, _ = jax.lax.scan(packed_body, pack(x_p, x_c), (params.layers, lora))
-        return unpack(final(x))
+        x, routed = jax.lax.scan(packed_body, pack(x_p, x_c), (params.layers, lora))
+        routed_p = routed_c = None
+        if routed is not None:  # fields (L, B, P + G x T, ...): split as the states are
+            routed_p = jax.tree.map(lambda a: jax.vmap(unpack)(a)[0], routed)
+            routed_c = jax.tree.map(lambda a: jax.vmap(unpack)(a)[1], routed)
+        return *unpack(final(x)), routed_p, routed_c
 
     # Prompt and completion rows split differently over the mesh (B prompts do not divide over
     # its row axes but N rows do): two streams, each row-split its own way.
@@ -655,13 +708,14 @@ def grouped_hidden_states(
         qc, kc, vc = _qkv(xc, w, rope_c, cfg, ad)
         attn_p = attend_p(qp, kp, vp)
         attn_c = attend_c(qc, kp, vp, kc, vc)
-        xp, xc = _out_and_mlp(xp, attn_p, w, cfg, ad), _out_and_mlp(xc, attn_c, w, cfg, ad)
-        return (sharding.constrain_rows(xp), sharding.constrain_rows(xc)), None
+        xp, routed_p = _out_and_routed_mlp(xp, attn_p, w, cfg, ad)
+        xc, routed_c = _out_and_routed_mlp(xc, attn_c, w, cfg, ad)
+        return (sharding.constrain_rows(xp), sharding.constrain_rows(xc)), (routed_p, routed_c)
 
     if cfg.remat:
         body = jax.checkpoint(body, prevent_cse=False)
-    (xp, xc), _ = jax.lax.scan(body, (x_p, x_c), (params.layers, lora))
-    return final(xp), final(xc)
+    (xp, xc), (routed_p, routed_c) = jax.lax.scan(body, (x_p, x_c), (params.layers, lora))
+    return final(xp), final(xc), routed_p, routed_c
 
 
 def logits_from_hidden(params: Params, h_BTD: Array, cfg: ModelConfig) -> Array:

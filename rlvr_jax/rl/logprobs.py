@@ -15,11 +15,12 @@ import jax.numpy as jnp
 
 from rlvr_jax.model import sharding
 from rlvr_jax.model.config import ModelConfig
+from rlvr_jax.model.moe import Routing
 from rlvr_jax.model.transformer import (
     Params,
-    grouped_hidden_states,
-    hidden_states,
+    grouped_routed_hidden_states,
     logits_from_hidden,
+    routed_hidden_states,
 )
 
 Array = jax.Array
@@ -100,11 +101,29 @@ def completion_hidden_states(
     """The final-norm hidden states (N, T - first_target, D) that predict tokens
     `first_target .. T-1`: those of positions `first_target - 1 .. T - 2`, from one full causal
     pass. Arguments as `next_token_logprobs`."""
+    return routed_completion_hidden_states(
+        params, tokens_NT, positions_NT, cfg, mask_NT, first_target
+    )[0]
+
+
+def routed_completion_hidden_states(
+    params: Params,
+    tokens_NT: Array,
+    positions_NT: Array,
+    cfg: ModelConfig,
+    mask_NT: Array | None = None,
+    first_target: int = 1,
+) -> tuple[Array, Routing | None]:
+    """`completion_hidden_states`, and the routing of the same positions (those that predict
+    tokens `first_target .. T-1`), fields (L, N, T - first_target, ...); None for a dense
+    model."""
     T = tokens_NT.shape[1]
     if not 1 <= first_target < T:
         raise ValueError(f"first_target={first_target} must be in [1, T={T})")
-    h_NTD, _ = hidden_states(params, tokens_NT, positions_NT, cfg, mask_BT=mask_NT)
-    return h_NTD[:, first_target - 1 : -1]
+    h_NTD, routed = routed_hidden_states(params, tokens_NT, positions_NT, cfg, mask_NT)
+    if routed is not None:
+        routed = jax.tree.map(lambda a: a[:, :, first_target - 1 : -1], routed)
+    return h_NTD[:, first_target - 1 : -1], routed
 
 
 def next_token_logprobs(
@@ -151,6 +170,23 @@ def grouped_completion_hidden_states(
     """`completion_hidden_states(..., first_target=prompt_len)` for rows in groups that share a
     prompt, with each group's prompt run through the model once
     (`transformer.grouped_hidden_states`); arguments as `grouped_next_token_logprobs`."""
+    return routed_grouped_completion_hidden_states(
+        params, tokens_NS, positions_NS, cfg, mask_NS, group_size, prompt_len
+    )[0]
+
+
+def routed_grouped_completion_hidden_states(
+    params: Params,
+    tokens_NS: Array,
+    positions_NS: Array,
+    cfg: ModelConfig,
+    mask_NS: Array,
+    group_size: int,
+    prompt_len: int,
+) -> tuple[Array, Routing | None]:
+    """`grouped_completion_hidden_states`, and the routing of the same positions, fields
+    (L, N, S - prompt_len, ...) as `routed_completion_hidden_states`'; None for a dense
+    model."""
     N, S = tokens_NS.shape
     G, P = group_size, prompt_len
     if N % G:
@@ -158,7 +194,7 @@ def grouped_completion_hidden_states(
     if not 1 <= P < S:
         raise ValueError(f"prompt_len={P} must be in [1, S={S})")
     first = lambda x: x[::G, :P]  # noqa: E731
-    h_BPD, h_NTD = grouped_hidden_states(
+    h_BPD, h_NTD, routed_p, routed_c = grouped_routed_hidden_states(
         params,
         first(tokens_NS),
         first(mask_NS),
@@ -170,7 +206,14 @@ def grouped_completion_hidden_states(
     )
     # The last prompt position predicts the first completion token, for each of the G rows.
     h_last = jnp.repeat(h_BPD[:, -1:], G, axis=0)
-    return jnp.concatenate([h_last, h_NTD[:, :-1]], axis=1)
+    routed = None
+    if routed_p is not None:
+        routed = jax.tree.map(
+            lambda p, c: jnp.concatenate([jnp.repeat(p[:, :, -1:], G, axis=1), c[:, :, :-1]], 2),
+            routed_p,
+            routed_c,
+        )
+    return jnp.concatenate([h_last, h_NTD[:, :-1]], axis=1), routed
 
 
 def grouped_next_token_logprobs(

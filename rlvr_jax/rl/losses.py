@@ -138,6 +138,10 @@ class LossConfig:
         policy-gradient loss by k = pi_old / pi_sampler where `icepop_low <= k <= icepop_high`
         and drop the token from it otherwise (its gradient is zero; it still counts in the
         normaliser). 0 for `icepop_high` is off; the paper uses 0.5 and 5. Not with `tis_cap`.
+      router_aux_coef: a mixture-of-experts policy's weight of the router's load-balancing loss
+        (`moe.load_balancing_loss`, Switch Transformer's, as `transformers` computes it) over
+        the update's forward of the trained tokens, added to the policy loss; 0 (the default)
+        adds nothing. A dense model refuses a nonzero value (`update.check_router_aux`).
     """
 
     policy_loss: PolicyLoss = "ppo_clip"
@@ -156,6 +160,7 @@ class LossConfig:
     sapo_tau_pos: float = 1.0
     sapo_tau_neg: float = 1.05
     kimi_tau: float = 0.1
+    router_aux_coef: float = 0.0
 
     def __post_init__(self):
         def number(name: str, lo: float, lo_open: bool = False, hi: float = math.inf):
@@ -191,6 +196,7 @@ class LossConfig:
         number("sapo_tau_pos", 0.0, lo_open=True)
         number("sapo_tau_neg", 0.0, lo_open=True)
         number("kimi_tau", 0.0)
+        number("router_aux_coef", 0.0)
         number("icepop_low", 0.0, hi=1.0)
         number("icepop_high", 0.0)
         if self.icepop:

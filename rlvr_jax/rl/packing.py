@@ -41,7 +41,8 @@ import numpy as np
 
 from rlvr_jax.model.attention import BRANCHES
 from rlvr_jax.model.config import ModelConfig
-from rlvr_jax.model.transformer import Params, hidden_states
+from rlvr_jax.model.moe import Routing
+from rlvr_jax.model.transformer import Params, routed_hidden_states
 from rlvr_jax.rl.logprobs import token_logprobs
 
 Array = jax.Array
@@ -357,16 +358,17 @@ def packed_hidden(
     packing: Packing,
     m: Array | int,
     cfg: ModelConfig,
-) -> tuple[Array, Array]:
-    """The final-norm hidden states (R, L, D) of microbatch m's packed rows, and their tokens."""
+) -> tuple[Array, Array, Routing | None]:
+    """The final-norm hidden states (R, L, D) of microbatch m's packed rows, their tokens, and
+    an MoE model's routing of them, fields (layers, R, L, ...) (None for a dense model)."""
     src_RL = packing.src_MRL[m]
     segment_RL = packing.segment_MRL[m]
     tokens_RL = tokens_NS.reshape(-1)[src_RL]
     positions_RL = positions_NS.reshape(-1)[src_RL]
-    h_RLD, _ = hidden_states(
-        params, tokens_RL, positions_RL, cfg, mask_BT=segment_RL > 0, segment_ids_BT=segment_RL
+    h_RLD, routed = routed_hidden_states(
+        params, tokens_RL, positions_RL, cfg, segment_RL > 0, segment_ids_BT=segment_RL
     )
-    return h_RLD, tokens_RL
+    return h_RLD, tokens_RL, routed
 
 
 def predicting(
@@ -376,14 +378,23 @@ def predicting(
     packing: Packing,
     m: Array | int,
     cfg: ModelConfig,
-) -> tuple[Array, Array]:
-    """Microbatch m's hidden states (R, L', D) at its predicting positions (`at_MK`), and the
-    completion tokens (R, L') they predict."""
-    h_RLD, tokens_RL = packed_hidden(params, tokens_NS, positions_NS, packing, m, cfg)
+) -> tuple[Array, Array, Routing | None]:
+    """Microbatch m's hidden states (R, L', D) at its predicting positions (`at_MK`), the
+    completion tokens (R, L') they predict, and an MoE model's routing of those positions,
+    fields (layers, R, L', ...) (None for a dense model)."""
+    h_RLD, tokens_RL, routed = packed_hidden(params, tokens_NS, positions_NS, packing, m, cfg)
     R, D = h_RLD.shape[0], h_RLD.shape[-1]
-    h_KD = h_RLD.reshape(-1, D)[packing.at_MK[m]]
+    at_K = packing.at_MK[m]
+    h_KD = h_RLD.reshape(-1, D)[at_K]
     targets_K = tokens_NS.reshape(-1)[packing.tgt_MK[m]]  # padding reads token 0, masked later
-    return h_KD.reshape(R, -1, D), targets_K.reshape(R, -1)
+    if routed is not None:
+        routed = jax.tree.map(
+            lambda a: a.reshape(a.shape[0], -1, a.shape[-1])[:, at_K].reshape(
+                a.shape[0], R, -1, a.shape[-1]
+            ),
+            routed,
+        )
+    return h_KD.reshape(R, -1, D), targets_K.reshape(R, -1), routed
 
 
 def gather_rows(x_KL: Array, packing: Packing, m: Array | int, valid_NT: Array) -> Array:
@@ -406,7 +417,7 @@ def packed_values_hidden(
 ) -> Array:
     """The hidden states (N, T, D) that predict microbatch m's completion tokens (for a value
     head on a separate backbone); zero outside microbatch m."""
-    h_KLD, _ = predicting(params, tokens_NS, positions_NS, packing, m, cfg)
+    h_KLD, _, _ = predicting(params, tokens_NS, positions_NS, packing, m, cfg)
     return gather_rows(h_KLD, packing, m, valid_NT)
 
 
@@ -420,14 +431,17 @@ def packed_logprobs(
     cfg: ModelConfig,
     chunk_size: int,
     temperature: float | Array,
-) -> tuple[Array, Array, Array]:
-    """Log-probs, entropies (N, T) of microbatch m's completion tokens, and the hidden states
-    (N, T, D) that predict them (for a value head); zero outside microbatch m. The unembedding
-    runs at the predicting positions only."""
-    h_KLD, targets_KL = predicting(params, tokens_NS, positions_NS, packing, m, cfg)
+) -> tuple[Array, Array, Array, Routing | None]:
+    """Log-probs, entropies (N, T) of microbatch m's completion tokens, the hidden states
+    (N, T, D) that predict them (for a value head) and an MoE model's routing of those states,
+    fields (layers, N, T, ...) (None for a dense model); zero outside microbatch m. The
+    unembedding runs at the predicting positions only."""
+    h_KLD, targets_KL, routed = predicting(params, tokens_NS, positions_NS, packing, m, cfg)
     logp_KL, entropy_KL = token_logprobs(params, h_KLD, targets_KL, cfg, chunk_size, temperature)
     gather = lambda x: gather_rows(x, packing, m, valid_NT)  # noqa: E731
-    return gather(logp_KL), gather(entropy_KL), gather(h_KLD)
+    if routed is not None:
+        routed = jax.tree.map(jax.vmap(gather), routed)
+    return gather(logp_KL), gather(entropy_KL), gather(h_KLD), routed
 
 
 def all_logprobs(
@@ -447,7 +461,7 @@ def all_logprobs(
     N, T = valid_NT.shape
 
     def one(carry, m):
-        lp, _, h = packed_logprobs(
+        lp, _, h, _ = packed_logprobs(
             params, tokens_NS, positions_NS, valid_NT, packing, m, cfg, chunk_size, temperature
         )
         if not with_hidden:

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from rlvr_jax.model.config import ModelConfig
+from rlvr_jax.model.moe import Routing
 from rlvr_jax.model.transformer import Params, positions_from_mask
 from rlvr_jax.rl import advantages as adv_lib
 from rlvr_jax.rl import losses
@@ -22,8 +23,8 @@ from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import value as value_lib
 from rlvr_jax.rl.config import RLConfig
 from rlvr_jax.rl.logprobs import (
-    completion_hidden_states,
-    grouped_completion_hidden_states,
+    routed_completion_hidden_states,
+    routed_grouped_completion_hidden_states,
     token_logprobs,
 )
 from rlvr_jax.rl.packing import Packing
@@ -58,6 +59,9 @@ class TrainRows:
     adv_NT: Array | None = None  # (N, T) f32 per-token advantages (GAE); None: adv_N broadcast
     old_values_NT: Array | None = None  # (N, T) f32 values at sampling time (PPO)
     returns_NT: Array | None = None  # (N, T) f32 GAE return targets (PPO)
+    # An MoE policy's experts of each token as the sampler routed it (`Rollout.experts_NTLk`);
+    # None where the rollout has none.
+    sampler_experts_NTLk: Array | None = None
 
     @property
     def advantages(self) -> Array:
@@ -87,8 +91,16 @@ def policy_hidden(
       rl: reads `shared_prompt_forward`, `group_size`.
       grouped: the rows are whole groups in order, so each group's prompt can run once.
     """
+    return routed_policy_hidden(params, seq, model_cfg, rl, grouped)[0]
+
+
+def routed_policy_hidden(
+    params: Params, seq: Sequences, model_cfg: ModelConfig, rl: RLConfig, grouped: bool
+) -> tuple[Array, Routing | None]:
+    """`policy_hidden`, and the routing of the same positions (those that predict the
+    completion tokens), fields (L, N, T, ...); None for a dense model."""
     if grouped and rl.shared_prompt_forward:
-        return grouped_completion_hidden_states(
+        return routed_grouped_completion_hidden_states(
             params,
             seq.tokens_NS,
             seq.positions_NS,
@@ -97,7 +109,7 @@ def policy_hidden(
             group_size=rl.group_size,
             prompt_len=seq.prompt_len,
         )
-    return completion_hidden_states(
+    return routed_completion_hidden_states(
         params, seq.tokens_NS, seq.positions_NS, model_cfg, seq.mask_NS, seq.prompt_len
     )
 
@@ -122,9 +134,10 @@ def policy_logprobs(
 
 def packed_microbatch(
     params: Params, seq: Sequences, model_cfg: ModelConfig, rl: RLConfig, packing: Packing, m
-) -> tuple[Array, Array, Array]:
+) -> tuple[Array, Array, Array, Routing | None]:
     """`packing.packed_logprobs` of microbatch m's completion tokens: log-probs, entropies
-    (N, T) and the hidden states (N, T, D) that predict them; zero outside microbatch m."""
+    (N, T), the hidden states (N, T, D) that predict them and an MoE model's routing of those
+    states, fields (L, N, T, ...); zero outside microbatch m."""
     return packing_lib.packed_logprobs(
         params,
         seq.tokens_NS,
@@ -253,6 +266,7 @@ def _gae_rows(
         adv_NT=adv_NT,
         old_values_NT=values_NT,
         returns_NT=returns_NT,
+        sampler_experts_NTLk=rollout.experts_NTLk,
     )
     return rows, stats
 
@@ -323,5 +337,13 @@ def prepare_rows(
     old_logp_NT = None
     if not rl.on_policy:
         old_logp_NT = _frozen_logprobs(state.params, seq, model_cfg, rl, packing)
-    rows = TrainRows(seq, loss_mask_NT, adv_N, old_logp_NT, ref_logp_NT, rollout.logp_NT)
+    rows = TrainRows(
+        seq,
+        loss_mask_NT,
+        adv_N,
+        old_logp_NT,
+        ref_logp_NT,
+        rollout.logp_NT,
+        sampler_experts_NTLk=rollout.experts_NTLk,
+    )
     return rows, rewards_N, adv_stats

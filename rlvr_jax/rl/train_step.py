@@ -30,7 +30,7 @@ from rlvr_jax.rl.config import RLConfig
 from rlvr_jax.rl.outputs import StepOutput, with_useful_metrics
 from rlvr_jax.rl.packing import Packing
 from rlvr_jax.rl.state import TrainState
-from rlvr_jax.rl.update import update
+from rlvr_jax.rl.update import check_router_aux, update
 from rlvr_jax.sampling.config import SamplingParams
 from rlvr_jax.sampling.continuous import generate_continuous
 from rlvr_jax.sampling.loop import generate, init_decode_cache
@@ -110,6 +110,7 @@ def build_train_step(
     the output comes back replicated; the state and batch must already be placed on the plan
     (`sharding.place`).
     """
+    check_router_aux(model_cfg, rl)
     mesh = None if shardings is None else shardings.mesh
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, StepOutput]:
@@ -177,6 +178,7 @@ def build_update(
     in replicated (host numpy arrays are accepted on every process) and are split by rows inside
     the program; the state keeps its planned layout.
     """
+    check_router_aux(model_cfg, rl)
     mesh = None if shardings is None else shardings.mesh
 
     def update_fn(

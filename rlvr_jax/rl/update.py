@@ -12,6 +12,12 @@ policy's weights, optimizer state and update count are left as they were.
 
 A policy with LoRA adapters (`Params.lora`) is differentiated with respect to its adapters only
 (`lora.trainable`); its frozen base never gets a gradient.
+
+A mixture-of-experts policy's forward also returns its routing of the positions that predict
+the completion tokens (whichever forward the rows take: flat, shared-prompt or packed); each
+microbatch logs its statistics over the trained tokens ("moe/*", `routing_terms`) and, with
+`rl.loss.router_aux_coef` > 0, adds the router's load-balancing loss to the policy loss. A
+dense policy computes what it did without them.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rlvr_jax.config_types import ConfigError
 from rlvr_jax.model import lora as lora_lib
+from rlvr_jax.model import moe as moe_lib
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.transformer import Params
 from rlvr_jax.rl import losses
@@ -52,15 +60,98 @@ def _loss(
     params: Params,
     mb: TrainRows,
     normalizer: Array,
+    token_count: Array,
     *,
     model_cfg: ModelConfig,
     rl: RLConfig,
     grouped: bool,
 ) -> tuple[Array, dict[str, Array]]:
     """The policy loss of some rows, normalised by `normalizer` (that of the batch they are
-    part of), and its metrics; `grouped`: the rows are whole groups in order."""
-    h_NTD = rows_lib.policy_hidden(params, mb.seq, model_cfg, rl, grouped)
-    return _policy_loss(params, h_NTD, mb, normalizer, model_cfg, rl)
+    part of), and its metrics; `token_count`: the batch's trained tokens (`routing_terms`);
+    `grouped`: the rows are whole groups in order."""
+    h_NTD, routed = rows_lib.routed_policy_hidden(params, mb.seq, model_cfg, rl, grouped)
+    loss, metrics = _policy_loss(params, h_NTD, mb, normalizer, model_cfg, rl)
+    return _with_routing_terms(loss, metrics, routed, mb, token_count, rl)
+
+
+def routing_terms(
+    routed: moe_lib.Routing,
+    mask_NT: Array,
+    token_count: Array,
+    rl: RLConfig,
+    sampler_experts_NTLk: Array | None = None,
+) -> tuple[Array, dict[str, Array]]:
+    """The router's part of a microbatch's loss, and its metrics, over its trained tokens.
+
+    Args:
+      routed: the routing of the positions that predict the rows' completion tokens, fields
+        (L, N, T, ...).
+      mask_NT: the tokens trained on (the loss mask).
+      token_count: the trained tokens of the microbatch's minibatch: the load-balancing loss
+        is a microbatch's own, weighted by its share of them, so the microbatches' terms sum
+        to their token-weighted mean (the loss is not a sum over tokens).
+      rl: reads `loss.router_aux_coef`.
+      sampler_experts_NTLk: the experts the sampler chose for the same tokens
+        (`Rollout.experts_NTLk`), or None.
+
+    Returns:
+      `router_aux_coef` x the weighted load-balancing loss (0. when the coefficient is 0), and
+      "moe/aux_loss" (unweighted), "moe/load_min", "moe/load_max" (`moe.expert_load`),
+      "moe/router_entropy" (`moe.router_entropy`) and, with the sampler's experts,
+      "moe/routing_disagreement" (`moe.routing_disagreement`: the fraction of tokens whose
+      top-k experts differ, in some layer, between the rollout and this forward), all
+      constants of the gradient.
+    """
+    flat = lambda a: a.reshape(a.shape[0], -1, a.shape[-1])  # noqa: E731
+    experts_LNk, probs_LNE = flat(routed.experts_Nk), flat(routed.probs_NE)
+    mask_N = mask_NT.reshape(-1)
+    aux = moe_lib.load_balancing_loss(probs_LNE, experts_LNk, mask_N)
+    low, high = moe_lib.expert_load(experts_LNk, mask_N, probs_LNE.shape[-1])
+    sg = jax.lax.stop_gradient
+    metrics = {
+        "moe/aux_loss": sg(aux),
+        "moe/load_min": low,
+        "moe/load_max": high,
+        "moe/router_entropy": moe_lib.router_entropy(sg(probs_LNE), mask_N),
+    }
+    if sampler_experts_NTLk is not None:
+        sampled_LNk = flat(jnp.moveaxis(sampler_experts_NTLk, 2, 0))
+        metrics["moe/routing_disagreement"] = moe_lib.routing_disagreement(
+            experts_LNk, sampled_LNk, mask_N
+        )
+    coef = rl.loss.router_aux_coef
+    if not coef:
+        return jnp.zeros((), jnp.float32), metrics
+    share = jnp.sum(mask_N.astype(jnp.float32)) / jnp.maximum(token_count, 1.0)
+    return coef * share * aux, metrics
+
+
+def _with_routing_terms(
+    loss: Array,
+    metrics: dict[str, Array],
+    routed: moe_lib.Routing | None,
+    mb: TrainRows,
+    token_count: Array,
+    rl: RLConfig,
+) -> tuple[Array, dict[str, Array]]:
+    """The loss and metrics with `routing_terms` of `mb`'s trained tokens added (unchanged for
+    a dense model)."""
+    if routed is None:
+        return loss, metrics
+    term, moe_metrics = routing_terms(
+        routed, mb.loss_mask_NT, token_count, rl, mb.sampler_experts_NTLk
+    )
+    return loss + term, {**metrics, **moe_metrics}
+
+
+def check_router_aux(model_cfg: ModelConfig, rl: RLConfig) -> None:
+    """Raises ConfigError for a router loss on a model without a router."""
+    coef = rl.loss.router_aux_coef
+    if coef and not model_cfg.is_moe:
+        raise ConfigError(
+            f"rl.loss.router_aux_coef={coef} with model_type={model_cfg.model_type!r}: a dense "
+            "model has no router to balance; set rl.loss.router_aux_coef=0 or train an MoE model"
+        )
 
 
 def _policy_loss(
@@ -106,8 +197,9 @@ def _ppo_loss(
 ) -> tuple[Array, dict[str, Array]]:
     """The policy loss plus `value_coef` x the value loss (normalised by the minibatch's token
     count), with both terms' metrics: "loss/value" beside the policy's "loss/*"."""
-    h_NTD = rows_lib.policy_hidden(params, mb.seq, model_cfg, rl, grouped)
+    h_NTD, routed = rows_lib.routed_policy_hidden(params, mb.seq, model_cfg, rl, grouped)
     loss, metrics = _policy_loss(params, h_NTD, mb, normalizer, model_cfg, rl)
+    loss, metrics = _with_routing_terms(loss, metrics, routed, mb, value_normalizer, rl)
     if critic.backbone is not None:
         h_NTD = rows_lib.policy_hidden(critic.backbone, mb.seq, model_cfg, rl, grouped)
     return _with_value_loss(loss, metrics, critic, h_NTD, mb, value_normalizer, rl)
@@ -118,7 +210,7 @@ def _packed_loss(
     critic: CriticParams | None,
     m: Array,
     normalizer: Array,
-    value_normalizer: Array | None,
+    value_normalizer: Array,
     *,
     rows: TrainRows,
     packing: Packing,
@@ -128,10 +220,13 @@ def _packed_loss(
     """`_loss` (or `_ppo_loss` with a critic) of the rows packed into microbatch m: their
     log-probs come from its packed rows, the other rows leave the loss mask."""
     seq = rows.seq
-    logp_NT, entropy_NT, h_NTD = rows_lib.packed_microbatch(params, seq, model_cfg, rl, packing, m)
+    logp_NT, entropy_NT, h_NTD, routed = rows_lib.packed_microbatch(
+        params, seq, model_cfg, rl, packing, m
+    )
     mine = (packing.micro_N == m)[:, None]
     mb = dataclasses.replace(rows, loss_mask_NT=rows.loss_mask_NT & mine)
     loss, metrics = _objective(logp_NT, entropy_NT, mb, normalizer, rl)
+    loss, metrics = _with_routing_terms(loss, metrics, routed, mb, value_normalizer, rl)
     if critic is None:
         return loss, metrics
     if critic.backbone is not None:
@@ -219,7 +314,7 @@ def optimizer_passes(
         if with_critic:
             loss_fn = packed
         else:
-            loss_fn = lambda p, m, normalizer: packed(p, None, m, normalizer, None)  # noqa: E731
+            loss_fn = lambda p, m, normalizer, count: packed(p, None, m, normalizer, count)  # noqa: E731
         micro_xs = lambda mb: jnp.arange(packing.num_microbatches)  # noqa: E731
 
     def minibatch(carry: Carry, mb: TrainRows):
@@ -229,15 +324,15 @@ def optimizer_passes(
         # gradient of a full weight is formed), else all the parameters.
         policy = lora_lib.trainable(params)
         policy_loss = lambda p, *args: loss_fn(lora_lib.with_trainable(params, p), *args)  # noqa: E731
+        token_count = losses.loss_normalizer(mb.loss_mask_NT, "token_mean")
         if with_critic:
-            token_count = losses.loss_normalizer(mb.loss_mask_NT, "token_mean")
             grad_fn = jax.grad(policy_loss, argnums=(0, 1), has_aux=True)
             trainable = (policy, critic.params)
             grads_of = lambda micro: grad_fn(*trainable, micro, normalizer, token_count)  # noqa: E731
         else:
             grad_fn = jax.grad(policy_loss, has_aux=True)
             trainable = policy
-            grads_of = lambda micro: grad_fn(policy, micro, normalizer)  # noqa: E731
+            grads_of = lambda micro: grad_fn(policy, micro, normalizer, token_count)  # noqa: E731
 
         def accumulate(grads, micro: TrainRows | Array):
             g, metrics = grads_of(micro)
@@ -300,6 +395,7 @@ def group_grad_norms(
     """
     G = rl.group_size
     normalizer = _normalizer(rows, rl)
+    token_count = losses.loss_normalizer(rows.loss_mask_NT, "token_mean")
     by_group = jax.tree.map(lambda x: x.reshape(x.shape[0] // G, G, *x.shape[1:]), rows)
     loss = functools.partial(_loss, model_cfg=model_cfg, rl=rl, grouped=True)
     group_grad = jax.grad(
@@ -307,7 +403,8 @@ def group_grad_norms(
     )
     policy = lora_lib.trainable(params)
     return jax.lax.map(
-        lambda one: optax.global_norm(group_grad(policy, one, normalizer)[0]), by_group
+        lambda one: optax.global_norm(group_grad(policy, one, normalizer, token_count)[0]),
+        by_group,
     )
 
 
@@ -340,6 +437,7 @@ def update(
       The new state and the step's output.
     """
     rl.check_rows(rollout.prompt_NP.shape[0])
+    check_router_aux(model_cfg, rl)
     rng, pass_key = jax.random.split(state.rng)
     rows, rewards_N, adv_stats = rows_lib.prepare_rows(
         state, rollout, rewards_N, parts, model_cfg, rl, packing

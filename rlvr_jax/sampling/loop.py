@@ -13,6 +13,10 @@ as the trainer holds them), from the same parameter buffers the optimizer update
   are arrays.
 * The emission (`choose_and_match`), the matchers' state and the checks are shared with the
   continuous-batching loop (`continuous`), so both give a row the same tokens.
+* For a mixture-of-experts model it records the experts of the position each token was sampled
+  from, in every layer (`Rollout.experts_NTLk`: the prefill's last prompt position, then each
+  decode step's fed token), for the update's `moe/routing_disagreement`; the continuous loop
+  does not (its rollouts' field is None).
 
 Shapes: N rows (B prompts x G samples), P prompt bucket, T = max_new_tokens, S cache slots, V vocab,
 W matched-token window.
@@ -64,6 +68,9 @@ class _State:
     mask_NT: Array
     injected_NT: Array
     matchers: Matchers
+    # An MoE model's experts of the position that predicted each token, in every layer (None
+    # for a dense model): what the update's forward of the same tokens should route alike.
+    experts_NTLk: Array | None = None
 
 
 def num_cache_slots(prompt_len: int, cfg: SamplerConfig) -> int:
@@ -137,8 +144,15 @@ def choose_and_match(
     return tok, logp.astype(jnp.float32), injecting, eos, stop, matchers
 
 
-def _emit(s: _State, logits_NV: Array, sp: SamplingParams, cfg: SamplerConfig) -> _State:
-    """Chooses, records and matches one token per row."""
+def _emit(
+    s: _State,
+    logits_NV: Array,
+    sp: SamplingParams,
+    cfg: SamplerConfig,
+    experts_NLk: Array | None = None,
+) -> _State:
+    """Chooses, records and matches one token per row; records `experts_NLk`, the experts of
+    the position whose logits these are (an MoE model's), with it."""
     t = s.step
     u_N = jax.lax.dynamic_index_in_dim(s.u_NT, t, axis=1, keepdims=False)
     active = ~s.done_N
@@ -157,7 +171,15 @@ def _emit(s: _State, logits_NV: Array, sp: SamplingParams, cfg: SamplerConfig) -
         mask_NT=put(s.mask_NT, active),
         injected_NT=put(s.injected_NT, injecting),
         matchers=matchers,
+        experts_NTLk=_put_experts(s.experts_NTLk, experts_NLk, t),
     )
+
+
+def _put_experts(experts_NTLk: Array | None, experts_NLk: Array | None, t: Array) -> Array | None:
+    """`experts_NTLk` with column t set to `experts_NLk` (None stays None: a dense model)."""
+    if experts_NTLk is None:
+        return None
+    return jax.lax.dynamic_update_slice(experts_NTLk, experts_NLk[:, None], (0, t, 0, 0))
 
 
 def check_cache(
@@ -188,11 +210,21 @@ def check_rows(sp: SamplingParams, N: int, cfg: SamplerConfig) -> None:
 
 
 def _initial_state(
-    cache: KVCache, prompt_NP: Array, prompt_mask_NP: Array, rng: Array, cfg: SamplerConfig
+    cache: KVCache,
+    prompt_NP: Array,
+    prompt_mask_NP: Array,
+    rng: Array,
+    cfg: SamplerConfig,
+    model_cfg: ModelConfig | None = None,
 ) -> _State:
-    """The carry before the first token: nothing emitted, each row's uniforms drawn."""
+    """The carry before the first token: nothing emitted, each row's uniforms drawn (and,
+    for an MoE `model_cfg`, room for the experts of every token)."""
     N = prompt_NP.shape[0]
     T = cfg.max_new_tokens
+    experts_NTLk = None
+    if model_cfg is not None and model_cfg.is_moe:
+        shape = (N, T, model_cfg.num_layers, model_cfg.num_experts_per_tok)
+        experts_NTLk = jnp.zeros(shape, jnp.int32)
     return _State(
         step=jnp.zeros((), jnp.int32),
         cache=cache,
@@ -205,6 +237,7 @@ def _initial_state(
         mask_NT=jnp.zeros((N, T), bool),
         injected_NT=jnp.zeros((N, T), bool),
         matchers=initial_matchers(initial_in_think(prompt_NP, prompt_mask_NP, cfg), cfg),
+        experts_NTLk=experts_NTLk,
     )
 
 
@@ -245,11 +278,11 @@ def _generate(
     prompt_lengths_N = prompt_lengths_N.astype(jnp.int32)
     prompt_mask_NP = prompt_mask(prompt_NP, prompt_lengths_N)
 
-    logits_NV, cache = decode.prefill(
+    logits_NV, cache, experts_NLk = decode.routed_prefill(
         params, prompt_NP, prompt_mask_NP, cache, model_cfg, cfg.prompt_group
     )
-    state = _initial_state(cache, prompt_NP, prompt_mask_NP, rng, cfg)
-    state = _emit(state, logits_NV, sp, cfg)
+    state = _initial_state(cache, prompt_NP, prompt_mask_NP, rng, cfg, model_cfg)
+    state = _emit(state, logits_NV, sp, cfg, experts_NLk)
     windows = decode.attention_windows(P, num_cache_slots(P, cfg), cfg.attention_chunk)
     layers = decode.unstack_layers(params) if cache.unrolled else None
     # RoPE of every fed token, built once: the token fed at step t sits at position len + t - 1.
@@ -259,7 +292,7 @@ def _generate(
     def body(s: _State) -> _State:
         fed = s.step - 1  # index of the token fed now
         row = lambda table: jax.lax.dynamic_index_in_dim(table, fed, keepdims=False)
-        logits, cache = decode.decode_step(
+        logits, cache, experts_NLk = decode.routed_decode_step(
             params,
             layers,
             s.cache,
@@ -270,7 +303,7 @@ def _generate(
             model_cfg,
             windows,
         )
-        return _emit(dataclasses.replace(s, cache=cache), logits, sp, cfg)
+        return _emit(dataclasses.replace(s, cache=cache), logits, sp, cfg, experts_NLk)
 
     state = jax.lax.while_loop(lambda s: (s.step < T) & ~jnp.all(s.done_N), body, state)
     rollout = Rollout(
@@ -282,6 +315,7 @@ def _generate(
         injected_NT=state.injected_NT,
         lengths_N=jnp.sum(state.mask_NT, axis=1, dtype=jnp.int32),
         finish_N=state.finish_N,
+        experts_NTLk=state.experts_NTLk,
     )
     return rollout, state.cache
 

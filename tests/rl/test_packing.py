@@ -25,6 +25,7 @@ from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, Rollout
 B, G, P, T = 4, 4, 6, 12
 N = B * G
 CFG = config_lib.PRESETS["tiny"].replace(vocab_size=32)
+MOE = config_lib.PRESETS["tiny-moe"].replace(vocab_size=32)
 
 
 def _rollout(seed: int = 0) -> Rollout:
@@ -176,9 +177,9 @@ def _perturbed(tree, seed, scale=0.05):
     )
 
 
-def _state(rl, params=None, sgd=None):
+def _state(rl, params=None, sgd=None, cfg=CFG):
     # A copy each time: the update donates its state.
-    params = tf.init_params(jax.random.key(0), CFG) if params is None else params
+    params = tf.init_params(jax.random.key(0), cfg) if params is None else params
     params = jax.tree.map(jnp.copy, params)
     sgd = optax.sgd(0.3) if sgd is None else sgd
     state = state_lib.init_train_state(
@@ -194,18 +195,18 @@ def _state(rl, params=None, sgd=None):
     return state
 
 
-def _compare(rl, packing_kwargs=None, params=None, rtol=1e-5, atol=1e-5):
+def _compare(rl, packing_kwargs=None, params=None, rtol=1e-5, atol=1e-5, cfg=CFG):
     """The packed and padded updates on one rollout: new parameters and every metric."""
     rollout = _rollout(1)
     rewards = np.asarray(np.arange(N) % 3 == 0, np.float32)
     parts = {"correct": rewards}
     sgd = optax.sgd(0.3)
     sched = optax.constant_schedule(0.3)
-    update = ts.build_update(CFG, rl, sgd, sched)
+    update = ts.build_update(cfg, rl, sgd, sched)
     kwargs = dict(num_microbatches=rl.microbatch_count(), group_size=G) | (packing_kwargs or {})
     plan = _plan(rollout, **kwargs)
-    padded = update(_state(rl, params, sgd), rollout, rewards, parts)
-    packed = update(_state(rl, params, sgd), rollout, rewards, parts, plan)
+    padded = update(_state(rl, params, sgd, cfg), rollout, rewards, parts)
+    packed = update(_state(rl, params, sgd, cfg), rollout, rewards, parts, plan)
     (new_a, out_a), (new_b, out_b) = jax.device_get((padded, packed))
     assert out_a.metrics.keys() == out_b.metrics.keys()
     for k in out_a.metrics:
@@ -277,6 +278,24 @@ def test_packed_update_equals_padded_with_a_prompt_per_row():
         num_microbatches=2,
     )
     _compare(rl, packing_kwargs=dict(group_size=1))
+
+
+@pytest.mark.parametrize("shared_prompt", [True, False])
+def test_packed_update_equals_padded_for_an_moe_policy_with_its_router_loss(shared_prompt):
+    # The routing statistics and the router loss read the same tokens' routing whichever
+    # forward computes it: flat or shared-prompt padded rows, or packed rows. One microbatch:
+    # the load-balancing loss is not a sum over tokens, so the microbatches' terms depend on
+    # which rows share one (and the packed microbatches hold other rows than the padded).
+    rl = ts.RLConfig(
+        group_size=G,
+        sampler=SAMPLER,
+        shared_prompt_forward=shared_prompt,
+        loss=losses.LossConfig(router_aux_coef=0.5),
+    )
+    group = G if shared_prompt else 1
+    metrics = _compare(rl, packing_kwargs=dict(group_size=group), cfg=MOE)
+    assert 0 < metrics["moe/load_min"] <= 1 / 8 <= metrics["moe/load_max"] < 1
+    assert metrics["moe/aux_loss"] >= 2.0 and 0 < metrics["moe/router_entropy"] <= np.log(8)
 
 
 def test_packed_microbatches_follow_the_token_budget():
