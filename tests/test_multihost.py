@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 MESH = (2, 2, 2)
@@ -95,6 +96,7 @@ def _worker(process_id: int, port: int, out: str) -> None:
     jax.distributed.shutdown()
 
 
+@pytest.mark.processes
 def test_two_processes_train_like_one_with_eight_devices(tmp_path):
     import jax
 

@@ -174,7 +174,7 @@ def _steps(ledger: dict) -> list[int]:
     return sorted(step for record, step in ledger if record == "step")
 
 
-@pytest.mark.slow
+@pytest.mark.processes
 def test_two_processes_train_save_and_resume_like_one_with_eight_devices(tmp_path):
     logs = tmp_path / "logs"
     _run(tmp_path / "one", logs, FUSED)
@@ -203,7 +203,7 @@ def test_two_processes_train_save_and_resume_like_one_with_eight_devices(tmp_pat
     assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["3", "6"]
 
 
-@pytest.mark.slow
+@pytest.mark.processes
 def test_two_processes_on_the_host_verifier_path_train_like_one(tmp_path):
     logs = tmp_path / "logs"
     _run(tmp_path / "one", logs, HOST)
@@ -218,7 +218,7 @@ def test_two_processes_on_the_host_verifier_path_train_like_one(tmp_path):
 ENDLESS = ("train.steps=100000", "train.checkpoint_every=2", "train.log_every=1")
 
 
-@pytest.mark.slow
+@pytest.mark.processes
 def test_a_stop_signal_on_one_process_stops_both_at_one_saved_step(tmp_path):
     logs, two = tmp_path / "logs", tmp_path / "two"
     # SIGTERM to process 1: process 0, which writes the ledger, did not receive it.
@@ -238,7 +238,7 @@ def test_a_stop_signal_on_one_process_stops_both_at_one_saved_step(tmp_path):
     assert _steps(_ledger(two)) == list(range(1, step + 3))
 
 
-@pytest.mark.slow
+@pytest.mark.processes
 def test_a_killed_process_ends_the_other_then_both_resume(tmp_path):
     logs, two = tmp_path / "logs", tmp_path / "two"
     # SIGKILL to process 1 mid-run: process 0's next collective fails and it exits with an error,
