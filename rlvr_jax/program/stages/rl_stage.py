@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -205,11 +205,7 @@ def build_rl_step(
 
     def update(state, rollout, rewards, parts):
         with timer.stage("update"):
-            packing = None
-            if s.rl.packs():
-                packing = _packing(s, model_cfg, rollout, plan, packed_shapes)
-                if packing is not None:
-                    packed_shapes.add(packing.shape)
+            packing = _packing(s, model_cfg, rollout, plan, packed_shapes) if s.rl.packs() else None
             state, out = update_fn(state, rollout, rewards, parts, packing)
             return state, jax.device_get(out)
 
@@ -320,13 +316,14 @@ def _packing(
     model_cfg: ModelConfig,
     rollout: Any,
     plan: sharding_plan.StepShardings,
-    reuse: Collection[tuple[int, int, int, int]] = (),
+    shapes: set[tuple[int, int, int, int]],
 ) -> packing_lib.Packing | None:
     """The packed layout of a rollout's rows (`rl.pack`), each microbatch's packed row count
     a multiple of the mesh's row shards; None (the padded update) where packing would not save
     enough token positions to be faster (`packing.worth_packing`: rows of nearly equal
-    lengths). A shape of `reuse` (earlier steps') is taken where it costs little more than a
-    new one (`packing.REUSE_SLACK`)."""
+    lengths). `shapes` holds the packed shapes of earlier steps (compiled programs): one of
+    them is taken where it costs little more than a new one (`packing.REUSE_SLACK`), and the
+    shape taken is added."""
     prompt_lengths_N, mask_NT = jax.device_get((rollout.prompt_lengths_N, rollout.mask_NT))
     # Each group's prompt once, as the padded update's shared-prompt forward, except under
     # splash attention, which masks plain segments only.
@@ -351,10 +348,12 @@ def _packing(
         microbatch_tokens=s.rl.pack_microbatch_tokens,
         block=model_cfg.attention_block,
         skips_blocks=impl == "xla_blockwise",
-        reuse=reuse,
+        reuse=shapes,
     )
-    padded = packing_lib.padded_positions(N, P, T, shared)
-    return packing if packing_lib.worth_packing(packing, padded) else None
+    if not packing_lib.worth_packing(packing, packing_lib.padded_positions(N, P, T, shared)):
+        return None
+    shapes.add(packing.shape)
+    return packing
 
 
 def _host_ahead(s: Settings, task: Task) -> bool:
