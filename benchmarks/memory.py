@@ -63,6 +63,8 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import workloads  # noqa: E402  (benchmarks/, this script's directory)
+
 from rlvr_jax.model import lora as lora_lib  # noqa: E402
 from rlvr_jax.model import sharding  # noqa: E402
 from rlvr_jax.model.config import PRESETS  # noqa: E402
@@ -201,8 +203,30 @@ def _policy_shapes(cfg, lora_rank: int, lora_base: str):
     return jax.eval_shape(attach, params)
 
 
-# Simulated chips: (devices, per-device bytes). A v5p-8 slice is 4 chips of 95 GiB.
-CHIPS = {"v5e-8": (8, 16 * GiB), "v5p-8": (4, 95 * GiB), "v5e-1": (1, 16 * GiB)}
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """A TPU slice as its data sheet gives it: chips, and per chip HBM bytes, HBM bytes/s, dense
+    bf16 FLOP/s and inter-chip interconnect bytes/s (all links together)."""
+
+    devices: int
+    hbm: int
+    bandwidth: float
+    flops: float
+    ici: float
+
+
+V5E = dict(hbm=16 * GiB, bandwidth=819e9, flops=197e12, ici=1600e9 / 8)
+V5P = dict(hbm=95 * GiB, bandwidth=2765e9, flops=459e12, ici=4800e9 / 8)
+# A slice's name counts TensorCores: a v5e chip has one, a v5p chip two (v5p-8 is 4 chips).
+CHIPS = {
+    "v5e-1": Chip(1, **V5E),
+    "v5e-8": Chip(8, **V5E),
+    "v5e-16": Chip(16, **V5E),
+    "v5e-32": Chip(32, **V5E),
+    "v5e-256": Chip(256, **V5E),
+    "v5p-8": Chip(4, **V5P),
+    "v5p-64": Chip(32, **V5P),
+}
 
 
 def _breakdown(name: str, m: Memory, rows_per_device: int, length: int, prompt: int, chunk: int):
@@ -218,20 +242,30 @@ def _breakdown(name: str, m: Memory, rows_per_device: int, length: int, prompt: 
     return f"{gib(m.arguments)} | {gib(checkpoints)} | {gib(logits)} | {gib(rest)}"
 
 
-def long_context(models: list[str], lengths: list[int], chip: str, prompt: int, chunk: int, **lora):
+def long_context(
+    models: list[str],
+    lengths: list[int],
+    chip: str,
+    prompt: int,
+    chunk: int,
+    expert: int = 1,
+    **lora,
+):
     """The long-answer table: for each model and generated length, the fewest microbatches of
     one group (G rows) whose update (remat) fits the chip, what holds its peak, and how many
-    rollout rows fit next to the parameters. `lora`: `measure`'s `lora_rank` and `lora_base`."""
-    devices, hbm = CHIPS[chip]
-    mesh = sharding.make_mesh(sharding.MeshConfig(1, devices, 1))
+    rollout rows fit next to the parameters. FSDP over the devices (over those the expert axis
+    leaves, with `expert` > 1). `lora`: `measure`'s `lora_rank` and `lora_base`."""
+    devices, hbm = CHIPS[chip].devices, CHIPS[chip].hbm
+    mesh = sharding.make_mesh(sharding.MeshConfig(1, -1, 1, expert=expert))
     policy = "bf16 parameters, f32 Adam"
     if lora.get("lora_rank"):
         policy = (
             f"LoRA rank {lora['lora_rank']} on every projection over a "
             f"{'int8' if lora.get('lora_base') == 'int8' else 'bf16'} base, f32 adapters and Adam"
         )
+    layout = f"fsdp={devices // expert}" + (f", expert={expert}" if expert > 1 else "")
     print(
-        f"{chip}: {devices} simulated devices of {hbm / GiB:.0f} GiB, fsdp={devices}; update of "
+        f"{chip}: {devices} simulated devices of {hbm / GiB:.0f} GiB, {layout}; update of "
         f"G={G} rows (one prompt of {prompt} tokens) with remat, {policy}, "
         f"log-prob chunk {chunk}; rollout rows that fit by extrapolating the compiled {G}-row "
         "rollout (all but its parameters grows with rows)\n"
@@ -289,6 +323,137 @@ def long_context(models: list[str], lengths: list[int], chip: str, prompt: int, 
     print(f"\nLongest generated length whose update fits a {chip} chip:", longest)
 
 
+def projected_seconds(
+    cfg,
+    chip: Chip,
+    sizes: dict,
+    rows: int,
+    prompt: int,
+    length: int,
+    microbatches: int,
+    utilisation: float,
+) -> dict:
+    """Projected seconds of one step's update and rollout (every row runs to `length`; all rows
+    in one batch), each rate at `utilisation` of the data sheet's peak; compute and transfers
+    are taken to overlap (a phase takes its slowest part).
+
+    Update: FLOPs, the forward and backward of the shared-prompt layout
+    (`workloads.update_flops`) plus one more forward for remat, over all chips. Transfers per
+    chip: the FSDP gathers of the weights (forward, remat, backward) and the reduce-scatter of
+    their gradients, per microbatch; tensor parallelism's six all-reduces of the activations per
+    layer (two each in the forward, the remat and the backward); the gradients' all-reduce over
+    "data". Rollout: the prompts' prefill FLOPs, then per decode step the slowest of: the FSDP
+    gather of the weights (W / tensor x (fsdp - 1) / fsdp bytes: the rollout runs on the
+    training layout), the HBM reads (the gathered weights and the chip's KV cache at the mean
+    position), and the FLOPs (2 per parameter per row, and attention). Also the rollout if the
+    weights were gathered once per rollout into a second copy (W / tensor bytes per chip).
+    """
+    D, L, H, K, Dh = cfg.embed_dim, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    data, fsdp, tensor = sizes["data"], sizes["fsdp"], sizes["tensor"]
+    B, N, P, T = rows // G, rows, prompt, length
+    tri = lambda n: n * (n + 1) / 2  # noqa: E731
+    u, chips = utilisation, chip.devices
+    n_params = count_params(param_shapes(cfg))
+    weights = 2 * n_params / tensor  # bf16 bytes of the weights one chip computes with
+
+    positions = B * P + N * T
+    flops = (4 / 3) * workloads.update_flops(
+        cfg, positions, N * T, B * tri(P) + N * (T * P + tri(T))
+    )
+    part = lambda n: (n - 1) / n  # noqa: E731  (an all-gather's share that arrives)
+    moved = {
+        "fsdp": microbatches * 4 * weights * part(fsdp),
+        "tensor": 6 * L * 2 * (positions / (data * fsdp)) * D * 2 * part(tensor),
+        "data": 2 * weights / fsdp * part(data),
+    }
+    update = {"FLOPs": flops / chips / chip.flops, "interconnect": sum(moved.values()) / chip.ici}
+
+    mean_position = P + T / 2
+    kv = N * L * 2 * K * Dh * 2 * mean_position / chips
+    decode = {
+        "interconnect": weights * part(fsdp) / chip.ici,
+        "HBM": (weights + kv) / chip.bandwidth,
+        "FLOPs": (2 * n_params + 4 * H * Dh * L * mean_position) * N / chips / chip.flops,
+    }
+    prefill = (2 * n_params * B * P + 4 * H * Dh * L * B * tri(P)) / chips / chip.flops
+    once = max(decode["HBM"], decode["FLOPs"]) * T + decode["interconnect"]
+    slowest = lambda d: max(d, key=d.get)  # noqa: E731
+    return {
+        "update TFLOP": flops / 1e12,
+        "update": max(update.values()) / u,
+        "update bound": slowest(update),
+        "rollout": (T * max(decode.values()) + prefill) / u,
+        "rollout bound": slowest(decode),
+        "rollout, gathered once": (once + prefill) / u,
+        "copy GiB": weights / GiB,
+        "update parts": {k: v / u for k, v in update.items()},
+        "decode step parts": {k: v / u for k, v in decode.items()},
+    }
+
+
+def projection(
+    models: list[str],
+    chip_name: str,
+    meshes: list[tuple[int, int, int]],
+    rows: int,
+    prompt: int,
+    length: int,
+    chunk: int,
+    utilisation: float,
+) -> None:
+    """For each model and mesh: the per-chip memory of the update (fewest microbatches that
+    fit) and of the rollout of `rows` rows, compiled, and the step time projected from them."""
+    chip = CHIPS[chip_name]
+    print(
+        f"{chip_name}: {chip.devices} simulated chips of {chip.hbm / GiB:.0f} GiB; {rows} rows "
+        f"(G={G}), prompts of {prompt} tokens, {length} generated; update with remat, log-prob "
+        f"chunk {chunk}; step times PROJECTED at {utilisation:.0%} of the data sheet's "
+        f"{chip.flops / 1e12:.0f} TFLOP/s, {chip.bandwidth / 1e9:.0f} GB/s HBM and "
+        f"{chip.ici / 1e9:.0f} GB/s interconnect per chip, every row to the cap\n"
+    )
+    print(
+        "| model | mesh (data, fsdp, tensor) | microbatches | update GiB | rollout GiB | fits "
+        "| update TFLOP | update s (bound by) | rollout s (bound by) | step s "
+        "| rollout s, weights gathered once (copy GiB) |"
+    )
+    print("|---" * 11 + "|")
+    for name in models:
+        cfg = PRESETS[name]
+        for data, fsdp, tensor in meshes:
+            mesh_cfg = sharding.MeshConfig(data, fsdp, tensor)
+            mesh = sharding.make_mesh(mesh_cfg)
+            sizes = mesh_cfg.sizes(chip.devices)
+            shards = sizes["data"] * sizes["fsdp"]
+            m = micro = None
+            for micro in (c for c in (1, 2, 4, 8, 16, 32) if rows % (c * shards) == 0):
+                m, _ = measure(
+                    name,
+                    mesh,
+                    remat=True,
+                    rows=rows,
+                    prompt=prompt,
+                    length=length,
+                    what="update",
+                    logprob_chunk=chunk,
+                    microbatches=micro,
+                )
+                if m.total <= chip.hbm:
+                    break
+            r, _ = measure(
+                name, mesh, remat=False, rows=rows, prompt=prompt, length=length, what="rollout"
+            )
+            t = projected_seconds(cfg, chip, sizes, rows, prompt, length, micro, utilisation)
+            fits = m.total <= chip.hbm and r.total <= chip.hbm
+            print(
+                f"| {name} | {sizes['data']}, {sizes['fsdp']}, {sizes['tensor']} | {micro} | "
+                f"{m.total / GiB:.2f} | {r.total / GiB:.2f} | {'yes' if fits else 'no'} | "
+                f"{t['update TFLOP']:.0f} | {t['update']:.1f} ({t['update bound']}) | "
+                f"{t['rollout']:.1f} ({t['rollout bound']}) | {t['update'] + t['rollout']:.1f} | "
+                f"{t['rollout, gathered once']:.1f} ({t['copy GiB']:.1f}) |",
+                flush=True,
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="qwen2.5-0.5b,qwen2.5-7b,qwen3-8b")
@@ -318,6 +483,14 @@ def main() -> None:
     ap.add_argument("--chip", default="v5e-8", choices=sorted(CHIPS))
     ap.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     ap.add_argument("--lora_base", default="model", choices=("model", "int8"))
+    ap.add_argument("--expert", type=int, default=1, help="mesh.expert for --long (MoE models)")
+    ap.add_argument(
+        "--project",
+        default="",
+        help="meshes data,fsdp,tensor separated by ';' (e.g. '1,32,1;1,8,4'): per-chip memory "
+        "of --rows rows x --length on --chip, and the step time projected at --utilisation",
+    )
+    ap.add_argument("--utilisation", type=float, default=0.4)
     args = ap.parse_args()
     if args.platform == "cpu" and not args.cpu_hoisting:
         flag = "--xla_disable_hlo_passes=while-loop-invariant-code-motion"
@@ -326,11 +499,31 @@ def main() -> None:
     sizes = dict(logprob_chunk=args.logprob_chunk, microbatches=args.microbatches, **lora)
     jax.config.update("jax_platforms", args.platform)
     if args.platform == "cpu":
-        jax.config.update("jax_num_cpu_devices", CHIPS[args.chip][0] if args.long else 8)
+        simulated = args.long or args.project
+        jax.config.update("jax_num_cpu_devices", CHIPS[args.chip].devices if simulated else 8)
+    if args.project:
+        meshes = [tuple(int(x) for x in m.split(",")) for m in args.project.split(";")]
+        projection(
+            args.models.split(","),
+            args.chip,
+            meshes,
+            args.rows,
+            args.prompt,
+            args.length,
+            args.logprob_chunk,
+            args.utilisation,
+        )
+        return
     if args.long:
         lengths = [int(x) for x in args.long.split(",")]
         long_context(
-            args.models.split(","), lengths, args.chip, args.prompt, args.logprob_chunk, **lora
+            args.models.split(","),
+            lengths,
+            args.chip,
+            args.prompt,
+            args.logprob_chunk,
+            args.expert,
+            **lora,
         )
         return
     mesh = sharding.make_mesh(sharding.MeshConfig(*(int(x) for x in args.mesh.split(","))))

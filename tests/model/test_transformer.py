@@ -112,6 +112,7 @@ PUBLISHED = {
     "qwen2.5-7b": 7_615_616_512,
     "qwen3-0.6b": 596_049_920,
     "qwen3-8b": 8_190_735_360,
+    "qwen3-32b": 32_762_123_264,  # the card: 32.8B
     "smollm2-135m": 134_515_008,
 }
 
@@ -126,12 +127,14 @@ def test_eval_shape_reproduces_published_parameter_counts(name):
 
 
 def test_qwen3_cards_non_embedding_counts():
-    # The Qwen3 cards state 0.44B and 6.95B non-embedding parameters.
-    for name, expected in [("qwen3-0.6b", 0.44e9), ("qwen3-8b", 6.95e9)]:
+    # The Qwen3 cards state 0.44B, 6.95B and 31.2B non-embedding parameters (half a unit of the
+    # last digit given is the tolerance).
+    cards = [("qwen3-0.6b", 0.44e9, 0.005e9), ("qwen3-8b", 6.95e9, 0.005e9)]
+    for name, expected, tolerance in [*cards, ("qwen3-32b", 31.2e9, 0.05e9)]:
         cfg = config_lib.PRESETS[name]
         total = tf.count_params(tf.param_shapes(cfg))
         embeddings = cfg.vocab_size * cfg.embed_dim * (1 if cfg.tie_embeddings else 2)
-        assert abs(total - embeddings - expected) < 0.005e9
+        assert abs(total - embeddings - expected) < tolerance
 
 
 def test_logical_axes_cover_every_parameter():
