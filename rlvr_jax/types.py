@@ -43,6 +43,7 @@ class Rollout:
     decode_steps_N: Array | None = None  # (N,) int32
     slot_steps_N: Array | None = None  # (N,) f32
     # An MoE policy's experts, in every layer, of the position whose logits each token was
-    # sampled from (most probable first), as the static decode loop records them; None for a
-    # dense model and where a sampler does not record them (continuous batching).
+    # sampled from (most probable first), as both decode loops record them; meaningless past a
+    # row's end and on tokens not sampled (observations), which are not trained. None for a
+    # dense model.
     experts_NTLk: Array | None = None  # (N, T, L, k) int32

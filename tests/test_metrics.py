@@ -389,6 +389,13 @@ def test_a_deleted_ledger_on_resume_is_a_warning_naming_it_and_the_steps(tmp_pat
     assert "no rows" not in stream.getvalue()
 
 
+def test_bfloat16_metrics_are_written_as_floats(tmp_path):
+    with metrics_lib.MetricsWriter(tmp_path, use_tensorboard=False, stream=io.StringIO()) as w:
+        w.write(1, {"grad_norm": np.asarray(0.5, jnp.bfloat16), "h": jnp.ones(2, jnp.bfloat16)})
+    (record,) = metrics_lib.read_metrics(tmp_path)
+    assert record["grad_norm"] == 0.5 and record["h"] == [1.0, 1.0]
+
+
 def test_bad_metrics_name_the_value(tmp_path):
     with metrics_lib.MetricsWriter(tmp_path, use_tensorboard=False, stream=io.StringIO()) as w:
         with pytest.raises(ValueError, match=r"'m' has shape \(2, 2\)"):

@@ -379,7 +379,7 @@ def _scan_layers_per_row(
     max_slot: Array,
     cfg: ModelConfig,
     windows: tuple[int, ...],
-) -> tuple[Array, KVCache]:
+) -> tuple[Array, KVCache, Array | None]:
     # Smallest window that holds slots [0, max_slot); a (N, 1) limit masks each row's own.
     branch = jnp.sum(jnp.asarray(windows) < max_slot)
     attends = [functools.partial(_window_attention, window=w) for w in windows]
@@ -390,14 +390,18 @@ def _scan_layers_per_row(
         q, k, v = _qkv(x_ND, w, rope_N, cfg)
         args = (q, k, v, cache, index, prompt_mask_NP, limit_N1)
         attn = attends[0](*args) if len(attends) == 1 else jax.lax.switch(branch, attends, *args)
-        return _out_and_mlp(x_ND, attn, w, cfg)[0], (k, v)
+        x_ND, experts_Nk = _out_and_mlp(x_ND, attn, w, cfg)
+        return x_ND, (k, v, experts_Nk)
 
     layer_ids = jnp.arange(cfg.num_layers)
-    x_ND, (k_LNKd, v_LNKd) = jax.lax.scan(layer, x_ND, (params.layers, params.lora, layer_ids))
+    x_ND, (k_LNKd, v_LNKd, experts_LNk) = jax.lax.scan(
+        layer, x_ND, (params.layers, params.lora, layer_ids)
+    )
     # As in `_scan_layers`: written once after the scan, which only reads the cache. The layer
     # axis rides along inside each row's scatter.
     put = jax.vmap(_put_per_row, in_axes=(0, 0, None))
-    return x_ND, KVCache(k=put(cache.k, k_LNKd, slot_N), v=put(cache.v, v_LNKd, slot_N))
+    cache = KVCache(k=put(cache.k, k_LNKd, slot_N), v=put(cache.v, v_LNKd, slot_N))
+    return x_ND, cache, None if experts_LNk is None else experts_LNk.swapaxes(0, 1)
 
 
 def _unrolled_layers_per_row(
@@ -410,20 +414,23 @@ def _unrolled_layers_per_row(
     max_slot: Array,
     cfg: ModelConfig,
     windows: tuple[int, ...],
-) -> tuple[Array, KVCache]:
+) -> tuple[Array, KVCache, Array | None]:
     # As in `_unrolled_layers`: write first, then attend to the buffer just written, so that
     # each buffer's update is in place. Smallest window that holds slots [0, max_slot].
     branch = jnp.sum(jnp.asarray(windows) <= max_slot)
     attends = [functools.partial(_span_attention, window=w) for w in windows]
     limit_N1 = slot_N[:, None]
     ks, vs = list(cache.k), list(cache.v)
+    experts = []
     for i, w in enumerate(layers):
         q, k, v = _qkv(x_ND, w, rope_N, cfg)
         ks[i], vs[i] = _put_per_row(ks[i], k, slot_N), _put_per_row(vs[i], v, slot_N)
         args = (q, ks[i], vs[i], prompt_mask_NP, limit_N1)
         attn = attends[0](*args) if len(attends) == 1 else jax.lax.switch(branch, attends, *args)
-        x_ND = _out_and_mlp(x_ND, attn, w, cfg)[0]
-    return x_ND, KVCache(k=tuple(ks), v=tuple(vs))
+        x_ND, experts_Nk = _out_and_mlp(x_ND, attn, w, cfg)
+        experts.append(experts_Nk)
+    experts_NLk = None if experts[0] is None else jnp.stack(experts, axis=1)
+    return x_ND, KVCache(k=tuple(ks), v=tuple(vs)), experts_NLk
 
 
 def decode_step_per_row(
@@ -461,11 +468,30 @@ def decode_step_per_row(
     Returns:
       (logits (N, V) f32, cache).
     """
+    args = (cache, tokens_N, rope_N, prompt_mask_NP, slot_N, max_slot, model_cfg, windows)
+    return routed_decode_step_per_row(params, layers, *args)[:2]
+
+
+def routed_decode_step_per_row(
+    params: transformer.Params,
+    layers: list[LayerWeights] | None,
+    cache: KVCache,
+    tokens_N: Array,
+    rope_N: tuple[Array, Array],
+    prompt_mask_NP: Array,
+    slot_N: Array,
+    max_slot: Array,
+    model_cfg: ModelConfig,
+    windows: tuple[int, ...],
+) -> tuple[Array, KVCache, Array | None]:
+    """`decode_step_per_row`, and an MoE model's experts (N, L, k) int32 of the fed tokens in
+    every layer (most probable first; None for a dense model)."""
     x_ND = params.embed[tokens_N].astype(jnp.dtype(model_cfg.dtype))
     args = (cache, rope_N, prompt_mask_NP, slot_N, max_slot, model_cfg, windows)
     if cache.unrolled:
-        x_ND, cache = _unrolled_layers_per_row(x_ND, layers, *args)
+        x_ND, cache, experts_NLk = _unrolled_layers_per_row(x_ND, layers, *args)
     else:
-        x_ND, cache = _scan_layers_per_row(x_ND, params, *args)
+        x_ND, cache, experts_NLk = _scan_layers_per_row(x_ND, params, *args)
     x_ND = transformer.rms_norm(x_ND, params.final_norm, model_cfg.norm_eps)
-    return transformer.logits_from_hidden(params, x_ND[:, None], model_cfg)[:, 0], cache
+    logits_NV = transformer.logits_from_hidden(params, x_ND[:, None], model_cfg)[:, 0]
+    return logits_NV, cache, experts_NLk

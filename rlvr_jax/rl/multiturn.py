@@ -6,9 +6,10 @@ row's context (prompt and tokens so far) and decodes at most K more tokens (the 
 (the end of a tool call, `</tool_call>`) goes to its environment (`envs.environment`), which runs
 the tool on the host; its observation, wrapped as the chat template's tool-response turn
 (`ToolResponseFormat`), is appended to the row as injected tokens (context, not trained on:
-log-prob 0, `injected_NT` set, so `rl.rows` leaves them out of the loss), and the row decodes
-on in the next round. A turn that used the K tokens without a stop runs on in the next round
-too. A row ends when:
+log-prob 0, `injected_NT` set, so `rl.rows` leaves them out of the loss and out of the MoE
+routing metrics; an MoE sampler's experts, `Rollout.experts_NTLk`, are kept for the sampled
+tokens only), and the row decodes on in the next round. A turn that used the K tokens without
+a stop runs on in the next round too. A row ends when:
 
 * it samples an end id (the model closed its turn: the environment scores the final answer);
 * its environment says the episode is done;
@@ -227,6 +228,8 @@ def _apply(
     g.logp_GT[i, start:end] = 0.0
     g.injected_GT[i, start:end] = True
     g.version_GT[i, start:end] = version
+    if g.experts_GTLk is not None:  # not sampled: no experts (and not trained)
+        g.experts_GTLk[i, start:end] = 0
     g.lengths_G[i] = end
     g.finish_G[i] = FINISH_LENGTH
     g.done_G[i] = False

@@ -14,7 +14,12 @@ Every token records the policy version that sampled it (the optimizer updates ap
 its round), so a row can hold tokens of several versions. The update corrects the loss of
 tokens an older policy sampled with its truncated importance weight against the log-probs the
 sampler reported (`rl.loss.tis_cap`, required here), and the step logs the version lag of the
-tokens it trains on.
+tokens it trains on. An MoE policy's tokens keep the experts their round's sampler routed them
+to (`Rollout.experts_NTLk`), so the update's `moe/routing_disagreement` compares each token's
+routing under the policy that sampled it with the current policy's: policy change over the
+version lag as well as numerics. The experts live in host memory only: a checkpoint keeps the
+pending groups without them, and a step that trains on a group restored so logs no
+disagreement (its tokens before the restart have no recorded experts).
 
 Host code over numpy: `PendingGroup` is one prompt's G rows so far; `contexts` gives a round's
 prompts, `absorb` splices a round's tokens in, `training_rollout` is the `Rollout` the update
@@ -56,6 +61,9 @@ class PendingGroup:
       finish_G: int32 FINISH_* of the rows that ended.
       done_G: bool the row has ended.
       segments_G: int32 rounds that added tokens to the row.
+      experts_GTLk: int32 an MoE sampler's experts of the position each token was sampled from
+        (L layers, top k; 0 where no token was sampled), from the group's first round on; None
+        for a dense model and for a group restored from a checkpoint (`to_arrays`).
     """
 
     example: int
@@ -68,6 +76,7 @@ class PendingGroup:
     finish_G: np.ndarray
     done_G: np.ndarray
     segments_G: np.ndarray
+    experts_GTLk: np.ndarray | None = None
 
     @property
     def complete(self) -> bool:
@@ -121,7 +130,11 @@ def absorb(groups: Sequence[PendingGroup], segment: Rollout, version: int) -> in
 
     A row ends with the round's end id or stop sequence, or when it holds `max_new_tokens`
     (T) tokens; a row that used the whole budget without either runs on in the next round.
+
+    An MoE round's experts (`Rollout.experts_NTLk`) are spliced in beside the tokens; a group
+    that has tokens but no experts (restored from a checkpoint) stays without.
     """
+    experts = None if segment.experts_NTLk is None else np.asarray(segment.experts_NTLk)
     tokens, logp, injected, lengths, finish = (
         np.asarray(x)
         for x in (
@@ -135,6 +148,9 @@ def absorb(groups: Sequence[PendingGroup], segment: Rollout, version: int) -> in
     added, n = 0, 0
     for g in groups:
         G, T = g.tokens_GT.shape
+        if experts is not None and g.experts_GTLk is None and not g.lengths_G.any():
+            g.experts_GTLk = np.zeros((G, T, *experts.shape[2:]), np.int32)
+        keep_experts = experts is not None and g.experts_GTLk is not None
         for i in range(G):
             row, n = n, n + 1
             if g.done_G[i]:
@@ -146,6 +162,8 @@ def absorb(groups: Sequence[PendingGroup], segment: Rollout, version: int) -> in
             g.logp_GT[i, start:end] = logp[row, :k]
             g.injected_GT[i, start:end] = injected[row, :k]
             g.version_GT[i, start:end] = version
+            if keep_experts:
+                g.experts_GTLk[i, start:end] = experts[row, :k]
             g.lengths_G[i] = end
             g.segments_G[i] += k > 0
             ended = int(finish[row]) in (FINISH_EOS, FINISH_STOP) and k == int(lengths[row])
@@ -162,7 +180,8 @@ def training_rollout(
     groups: Sequence[PendingGroup], buckets: Sequence[int], pad_id: int
 ) -> Rollout:
     """The `Rollout` the update trains on: complete groups, prompts left-padded to a bucket of
-    `buckets` (as a plain step pads them), the rows' tokens with their sampler log-probs."""
+    `buckets` (as a plain step pads them), the rows' tokens with their sampler log-probs, and
+    their sampler's experts when every group holds them (else None)."""
     if not all(g.complete for g in groups):
         raise ValueError("training_rollout takes complete groups only")
     G = groups[0].lengths_G.shape[0]
@@ -170,6 +189,9 @@ def training_rollout(
     stack = lambda name: np.concatenate([getattr(g, name) for g in groups])  # noqa: E731
     lengths_N = stack("lengths_G")
     T = groups[0].tokens_GT.shape[1]
+    experts = None
+    if all(g.experts_GTLk is not None for g in groups):
+        experts = jnp.asarray(stack("experts_GTLk"))
     return Rollout(
         prompt_NP=jnp.asarray(prompt_NP),
         prompt_lengths_N=jnp.asarray(prompt_lengths_N),
@@ -179,6 +201,7 @@ def training_rollout(
         injected_NT=jnp.asarray(stack("injected_GT")),
         lengths_N=jnp.asarray(lengths_N),
         finish_N=jnp.asarray(stack("finish_G")),
+        experts_NTLk=experts,
     )
 
 
@@ -202,7 +225,8 @@ _FIELDS = ("tokens_GT", "logp_GT", "injected_GT", "version_GT")
 
 def to_arrays(pending: Sequence[PendingGroup]) -> dict[str, np.ndarray]:
     """The pending groups as named arrays (for a checkpoint's JSON), columns trimmed to the
-    longest row; `from_arrays` reads them back."""
+    longest row; `from_arrays` reads them back. Not their experts: L x k integers per token
+    would make the JSON hundreds of times larger for a real MoE."""
     if not pending:
         return {}
     width = max(int(g.lengths_G.max()) for g in pending)

@@ -15,6 +15,9 @@ sequence, `max_new_tokens`) the slot takes the next queued row, in row order:
   slot it lands in, so the rollout equals `loop.generate`'s for the same key.
 * Attention reads the static window (`decode.attention_windows`) that holds the largest filled
   position among live slots.
+* For a mixture-of-experts model it records each token's experts as the static loop does
+  (`Rollout.experts_NTLk`): the stored experts of the prompt's last position for a row's first
+  token, then those of each decode step's fed token; a dense model's field stays None.
 
 The loop returns when every row is done, with the `Rollout` in row order and `RolloutStats`
 (decode steps, live and total slot-steps) to compare with the static loop (`static_stats`).
@@ -73,6 +76,7 @@ class _Prompts:
 
     store: KVCache  # (L, B, K, P, Dh) each prompt's keys/values, prefilled once
     logits_BV: Array  # f32 logits of each prompt's last position
+    experts_BLk: Array | None  # int32 an MoE model's experts of that position; None when dense
     mask_NP: Array  # bool real prompt slots
     lengths_N: Array  # int32 prompt lengths
     in_think_N: Array  # bool prompt leaves a thinking block open
@@ -155,8 +159,15 @@ def _refill(s: _Slots, pr: _Prompts, cfg: SamplerConfig) -> _Slots:
     )
 
 
-def _emit(s: _Slots, logits_MV: Array, pr: _Prompts, cfg: SamplerConfig) -> _Slots:
-    """Chooses, records and matches one token per live slot, in its row's place."""
+def _emit(
+    s: _Slots,
+    logits_MV: Array,
+    pr: _Prompts,
+    cfg: SamplerConfig,
+    experts_MLk: Array | None = None,
+) -> _Slots:
+    """Chooses, records and matches one token per live slot, in its row's place, with
+    `experts_MLk`, the experts of the position whose logits these are (an MoE model's)."""
     N, T = pr.u_NT.shape
     live = s.live_M
     t_M = jnp.minimum(s.t_M, T - 1)  # a finished slot's t may be T; its choice is discarded
@@ -176,6 +187,8 @@ def _emit(s: _Slots, logits_MV: Array, pr: _Prompts, cfg: SamplerConfig) -> _Slo
         injected_NT=put(s.out.injected_NT, injected),
         finish_N=s.out.finish_N.at[jnp.where(eos | stop, s.row_M, N)].set(reason, mode="drop"),
     )
+    if out.experts_NTLk is not None:
+        out = dataclasses.replace(out, experts_NTLk=put(out.experts_NTLk, experts_MLk))
     return dataclasses.replace(
         s,
         t_M=s.t_M + live,
@@ -196,26 +209,31 @@ def _decode(
     rope_table: tuple[Array, Array],
     model_cfg: ModelConfig,
     windows: tuple[int, ...],
-) -> tuple[Array, KVCache]:
+) -> tuple[Array, KVCache, Array | None]:
     """One decode step of every slot: the token fed at index t - 1 of its row sits at cache slot
     P + t - 1 and RoPE position len + t - 1. Fresh slots (t = 0) run a throwaway step at slot P,
-    which their first fed token overwrites; finished ones (t = T) are clamped into their row."""
+    which their first fed token overwrites; finished ones (t = T) are clamped into their row.
+    Returns the logits, the cache and an MoE model's experts (M, L, k) of the fed tokens."""
     P, S = pr.mask_NP.shape[1], s.cache.num_slots
     fed_M = jnp.maximum(s.t_M - 1, 0)
     slot_M = jnp.minimum(P + fed_M, S - 1)
     pos_M = pr.lengths_N[s.row_M] + fed_M
     rope_M = tuple(table[pos_M] for table in rope_table)
     max_slot = jnp.max(jnp.where(s.live_M & ~s.fresh_M, slot_M, 0))
-    return decode.decode_step_per_row(
+    return decode.routed_decode_step_per_row(
         params, layers, s.cache, s.last_M, rope_M, s.mask_MP, slot_M, max_slot, model_cfg, windows
     )
 
 
 def _initial_slots(cache: KVCache, pr: _Prompts, cfg: SamplerConfig) -> _Slots:
-    """The carry before any row has a slot."""
+    """The carry before any row has a slot (with room for every token's experts when the
+    prompts' experts say the model is an MoE)."""
     (N, P), T = pr.mask_NP.shape, cfg.max_new_tokens
     M = jax.tree.leaves(cache)[0].shape[-4]  # (L, M, K, S, Dh) stacked, (M, K, S, Dh) per layer
     zeros_M = jnp.zeros((M,), jnp.int32)
+    experts_NTLk = None
+    if pr.experts_BLk is not None:
+        experts_NTLk = jnp.zeros((N, T, *pr.experts_BLk.shape[1:]), jnp.int32)
     out = Rollout(
         prompt_NP=jnp.zeros((N, P), jnp.int32),  # set by the caller
         prompt_lengths_N=pr.lengths_N,
@@ -225,6 +243,7 @@ def _initial_slots(cache: KVCache, pr: _Prompts, cfg: SamplerConfig) -> _Slots:
         injected_NT=jnp.zeros((N, T), bool),
         lengths_N=jnp.zeros((N,), jnp.int32),
         finish_N=jnp.full((N,), FINISH_LENGTH, jnp.int32),
+        experts_NTLk=experts_NTLk,
     )
     return _Slots(
         step=jnp.zeros((), jnp.int32),
@@ -252,16 +271,20 @@ def _prefill_prompts(
     cfg: SamplerConfig,
     dtype: jnp.dtype,
 ) -> _Prompts:
-    """Prefills each group's prompt once, into a store of B rows and P slots."""
+    """Prefills each group's prompt once, into a store of B rows and P slots (and, for an MoE
+    model, the experts of each prompt's last position)."""
     N, P = prompt_NP.shape
     T, G = cfg.max_new_tokens, cfg.prompt_group
     mask_NP = loop.prompt_mask(prompt_NP, prompt_lengths_N)
     # The store is always stacked: a refill slices one prompt across all layers in one copy.
     store = decode.init_decode_cache(model_cfg, N // G, P, dtype, "scan")
-    logits_BV, store = decode.prefill(params, prompt_NP[::G], mask_NP[::G], store, model_cfg)
+    logits_BV, store, experts_BLk = decode.routed_prefill(
+        params, prompt_NP[::G], mask_NP[::G], store, model_cfg
+    )
     return _Prompts(
         store=store,
         logits_BV=logits_BV,
+        experts_BLk=experts_BLk,
         mask_NP=mask_NP,
         lengths_N=prompt_lengths_N,
         in_think_N=loop.initial_in_think(prompt_NP, mask_NP, cfg),
@@ -325,14 +348,23 @@ def _generate_continuous(
     def first_logits(s: _Slots) -> Array:
         return pr.logits_BV[s.row_M // cfg.prompt_group]
 
+    def first_experts(s: _Slots) -> Array | None:
+        return None if pr.experts_BLk is None else pr.experts_BLk[s.row_M // cfg.prompt_group]
+
     def body(s: _Slots) -> _Slots:
         s = _refill(s, pr, cfg)
-        logits_MV, cache = _decode(s, params, layers, pr, rope_table, model_cfg, windows)
+        logits_MV, cache, experts_MLk = _decode(
+            s, params, layers, pr, rope_table, model_cfg, windows
+        )
         logits_MV = jnp.where(s.fresh_M[:, None], first_logits(s), logits_MV)
-        return _emit(dataclasses.replace(s, step=s.step + 1, cache=cache), logits_MV, pr, cfg)
+        if experts_MLk is not None:
+            experts_MLk = jnp.where(s.fresh_M[:, None, None], first_experts(s), experts_MLk)
+        s = dataclasses.replace(s, step=s.step + 1, cache=cache)
+        return _emit(s, logits_MV, pr, cfg, experts_MLk)
 
     s = _refill(_initial_slots(cache, pr, cfg), pr, cfg)
-    s = _emit(s, first_logits(s), pr, cfg)  # every row's first token needs no decode step
+    # Every row's first token needs no decode step.
+    s = _emit(s, first_logits(s), pr, cfg, first_experts(s))
     s = jax.lax.while_loop(lambda s: jnp.any(s.live_M) | (s.next_row < N), body, s)
     rollout = dataclasses.replace(
         s.out, prompt_NP=prompt_NP, lengths_N=jnp.sum(s.out.mask_NT, axis=1, dtype=jnp.int32)

@@ -16,7 +16,7 @@ as the trainer holds them), from the same parameter buffers the optimizer update
 * For a mixture-of-experts model it records the experts of the position each token was sampled
   from, in every layer (`Rollout.experts_NTLk`: the prefill's last prompt position, then each
   decode step's fed token), for the update's `moe/routing_disagreement`; the continuous loop
-  does not (its rollouts' field is None).
+  records the same.
 
 Shapes: N rows (B prompts x G samples), P prompt bucket, T = max_new_tokens, S cache slots, V vocab,
 W matched-token window.

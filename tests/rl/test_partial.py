@@ -1,6 +1,8 @@
 """Partial rollouts' host bookkeeping: splicing rounds, ending rows, the version lag, the
 checkpoint's arrays."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -108,6 +110,52 @@ def test_pending_groups_survive_the_checkpoints_json():
     assert partial_lib.from_arrays(partial_lib.split_arrays({})[1], T, PAD) == []
     with pytest.raises(ValueError, match="max_new_tokens=6; this run has 7"):
         partial_lib.from_arrays(mine, 7, PAD)
+
+
+def _with_experts(segment: Rollout) -> Rollout:
+    """The round with an MoE sampler's experts: token x's experts are (x, x + 100) in layer 0
+    and (x + 200, x + 300) in layer 1, so a test can tell where every token's went."""
+    x = np.asarray(segment.tokens_NT)[:, :, None, None]
+    experts = x + np.asarray([[0, 100], [200, 300]], np.int32)
+    return dataclasses.replace(segment, experts_NTLk=experts.astype(np.int32))
+
+
+def test_rows_keep_the_experts_of_every_round_and_a_restored_group_has_none():
+    G, T, budget = 2, 4, 2
+    a = partial_lib.new_group(7, [5, 6], G, T, PAD)
+    b = partial_lib.new_group(9, [8], G, T, PAD)
+    seg = _segment([([11], FINISH_EOS), ([12, 13], 0), ([14, 15], 0), ([16, 17], 0)], budget)
+    partial_lib.absorb([a, b], _with_experts(seg), version=0)
+    # The round's tokens past the budget of b are dropped with their experts.
+    seg = _segment([([1], 0), ([23], FINISH_STOP), ([24, 25], 0), ([26, 27], FINISH_EOS)], budget)
+    partial_lib.absorb([a, b], _with_experts(seg), version=1)
+    assert a.complete and b.complete
+    rollout = partial_lib.training_rollout([a, b], (4,), PAD)
+    tokens, mask = np.asarray(rollout.tokens_NT), np.asarray(rollout.mask_NT)
+    experts = np.asarray(rollout.experts_NTLk)
+    assert experts.shape == (2 * G, T, 2, 2)
+    assert tokens[1].tolist() == [12, 13, 23, PAD] and tokens[3].tolist() == [16, 17, 26, 27]
+    np.testing.assert_array_equal(experts[..., 0, 0][mask], tokens[mask])
+    np.testing.assert_array_equal(experts[..., 1, 1][mask], tokens[mask] + 300)
+    assert not experts[~mask].any()
+    # A dense round records none.
+    c = partial_lib.new_group(1, [3], G, T, PAD)
+    partial_lib.absorb([c], _segment([([2], FINISH_EOS)] * G, budget), version=0)
+    assert c.experts_GTLk is None
+    assert partial_lib.training_rollout([a, c], (4,), PAD).experts_NTLk is None
+    # The checkpoint keeps no experts; a restored group that has tokens takes none from its
+    # later rounds, so a rollout with it has none (its earlier tokens' are unknown).
+    d = partial_lib.new_group(2, [4], G, T, PAD)
+    partial_lib.absorb([d], _with_experts(_segment([([5], 0), ([6], 0)], 1)), version=0)
+    assert d.experts_GTLk is not None
+    arrays = partial_lib.split_arrays(partial_lib.to_arrays([d]))[1]
+    assert not [k for k in arrays if "experts" in k]
+    (back,) = partial_lib.from_arrays(arrays, T, PAD)
+    assert back.experts_GTLk is None
+    seg = _with_experts(_segment([([7, 8], FINISH_EOS), ([9], FINISH_EOS)], 3))
+    partial_lib.absorb([back], seg, version=1)
+    assert back.complete and back.experts_GTLk is None
+    assert partial_lib.training_rollout([a, back], (4,), PAD).experts_NTLk is None
 
 
 def test_the_config_requires_the_importance_weight_and_refuses_the_think_budget():

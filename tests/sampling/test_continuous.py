@@ -11,7 +11,9 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from rlvr_jax.model import config as config_lib
 from rlvr_jax.model import sharding
+from rlvr_jax.model import transformer as tf
 from rlvr_jax.sampling.config import SamplerConfig, SamplingParams, sampling_params
 from rlvr_jax.sampling.continuous import (
     generate_continuous,
@@ -75,8 +77,37 @@ def test_sampled_rollout_equals_static(sampled, num_slots):
         params, prompt, lengths, jax.random.key(3), cfg, scfg, num_slots, sampled_rows(8)
     )
     assert_same_rollout(got, want)
+    assert got.experts_NTLk is None and want.experts_NTLk is None  # a dense model
     np.testing.assert_array_equal(np.asarray(got.prompt_NP), prompt)
     assert int(stats.live_slot_steps) == int(np.asarray(want.lengths_N).sum())
+
+
+@pytest.mark.parametrize("layer_loop,num_slots", [("unroll", 3), ("scan", 2)])
+def test_moe_rollout_and_its_experts_equal_static(layer_loop, num_slots):
+    """The tiny MoE (f32, random weights): the same tokens and, on every generated token, the
+    same experts in every layer as the static loop records (end ids 92 and 0 and the stop 24
+    picked with key 3 so that rows end at lengths 1 to 10, all three ways)."""
+    cfg = config_lib.PRESETS["tiny-moe"].replace(vocab_size=128)
+    params = tf.init_params(jax.random.key(0), cfg)
+    prompt, lengths = bucket_and_pad(PROMPTS, (16,), pad_id=0, group_size=2)
+    scfg = SamplerConfig(
+        max_new_tokens=10,
+        eos_ids=(92, 0),
+        stop_sequences=((24,),),
+        prompt_group=2,
+        layer_loop=layer_loop,
+    )
+    want = sample(params, prompt, lengths, jax.random.key(3), cfg, scfg)
+    got, _ = sample_continuous(params, prompt, lengths, jax.random.key(3), cfg, scfg, num_slots)
+    assert_same_rollout(got, want)
+    assert set(np.asarray(want.finish_N)) == {FINISH_EOS, FINISH_STOP, FINISH_LENGTH}
+    assert np.asarray(want.lengths_N).tolist() == [10, 8, 1, 1, 2, 5, 2, 3]
+    mask = np.asarray(want.mask_NT)
+    experts = np.asarray(got.experts_NTLk)
+    assert experts.shape == (8, 10, cfg.num_layers, cfg.num_experts_per_tok)
+    np.testing.assert_array_equal(experts[mask], np.asarray(want.experts_NTLk)[mask])
+    # Every row's first token (stored prompt experts) and later ones (decode steps) differ.
+    assert len({tuple(e.ravel()) for e in experts[mask]}) > mask.sum() // 2
 
 
 # THINK_CHAIN (test_stops) plus an end id after 30 and the stop sequence (20, 21) after 19.

@@ -167,6 +167,8 @@ def _to_python(name: str, value: Any) -> float | int | list | None:
     if isinstance(value, int | np.integer):
         return int(value)
     arr = np.asarray(value)
+    if arr.dtype.kind == "V" and jax.dtypes.issubdtype(arr.dtype, np.floating):
+        arr = arr.astype(np.float32)  # bfloat16 (a bf16 model's grad_norm): numpy kind "V"
     if arr.dtype == object or arr.dtype.kind not in "biuf":
         raise TypeError(f"metric {name!r} has non-numeric value {value!r}")
     if arr.ndim == 0:
