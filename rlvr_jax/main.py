@@ -72,6 +72,14 @@ _PROCESS_ID = flags.DEFINE_integer(
     "With --distributed: this process's id, 0 to num_processes-1.",
     lower_bound=0,
 )
+_HEARTBEAT = flags.DEFINE_integer(
+    "heartbeat_timeout",
+    100,
+    "With --distributed: seconds without a heartbeat after which the coordination service "
+    "declares a process lost and ends every other one, naming it (jax's default, 100). It bounds "
+    "how long the others wait in a collective for a process that was killed.",
+    lower_bound=1,
+)
 _PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
 _COMPILE_CACHE = flags.DEFINE_string(
     "compile_cache",
@@ -113,6 +121,8 @@ def _initialize_distributed() -> None:
         )
         if flag.value is not None
     }
+    if _HEARTBEAT.present:
+        given["--heartbeat_timeout"] = _HEARTBEAT.value
     if not _DISTRIBUTED.value:
         if given:
             raise app.UsageError(
@@ -124,7 +134,10 @@ def _initialize_distributed() -> None:
     if num is not None and pid is not None and pid >= num:
         raise app.UsageError(f"--process_id={pid} must be below --num_processes={num}")
     jax.distributed.initialize(
-        coordinator_address=_COORDINATOR.value, num_processes=num, process_id=pid
+        coordinator_address=_COORDINATOR.value,
+        num_processes=num,
+        process_id=pid,
+        heartbeat_timeout_seconds=_HEARTBEAT.value,
     )
 
 
