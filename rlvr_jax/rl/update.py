@@ -51,6 +51,11 @@ from rlvr_jax.types import Rollout
 Array = jax.Array
 
 
+def _norm(tree) -> jax.Array:
+    """The global norm of `tree` in f32 (a bf16 policy's gradients are bf16)."""
+    return optax.global_norm(jax.tree.map(lambda x: x.astype(jnp.float32), tree))
+
+
 def _split(tree: Any, num: int) -> Any:
     """Leading axis N -> (num, N // num)."""
     return jax.tree.map(lambda x: x.reshape(num, x.shape[0] // num, *x.shape[1:]), tree)
@@ -348,11 +353,11 @@ def optimizer_passes(
             )
             new_critic = optax.apply_updates(critic.params, critic_updates)
             critic = dataclasses.replace(critic, params=new_critic, opt_state=critic_opt)
-            metrics["value/grad_norm"] = optax.global_norm(critic_grads)
+            metrics["value/grad_norm"] = _norm(critic_grads)
         updates, opt_state = optimizer.update(grads, opt_state, policy)
         new_params = lora_lib.with_trainable(params, optax.apply_updates(policy, updates))
-        metrics["grad_norm"] = optax.global_norm(grads)
-        metrics["update_norm"] = optax.global_norm(updates)
+        metrics["grad_norm"] = _norm(grads)
+        metrics["update_norm"] = _norm(updates)
         return (new_params, opt_state, step + 1, critic), metrics
 
     def one_pass(carry, pass_key):
@@ -403,7 +408,7 @@ def group_grad_norms(
     )
     policy = lora_lib.trainable(params)
     return jax.lax.map(
-        lambda one: optax.global_norm(group_grad(policy, one, normalizer, token_count)[0]),
+        lambda one: _norm(group_grad(policy, one, normalizer, token_count)[0]),
         by_group,
     )
 

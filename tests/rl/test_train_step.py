@@ -313,3 +313,17 @@ def test_continuous_batching_gives_the_same_step_and_busier_slots(task):
     )
     for k in m_a.keys() - {"rollout/decode_steps", "rollout/slot_utilisation"}:
         np.testing.assert_allclose(np.asarray(m_a[k]), np.asarray(m_b[k]), rtol=1e-5, atol=1e-6)
+
+
+def test_a_bf16_policy_logs_its_norms_in_f32(task):
+    """bf16 parameters give bf16 gradients; their norms are summed in f32 (a bf16 sum of
+    squares keeps 8 bits and the metrics writer refuses bf16 scalars)."""
+    cfg, table, batch, sampler = task
+    cfg = cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
+    rl, opt, sched, reward_fn, _ = _build(task)
+    params = tf.init_params(jax.random.key(0), cfg)
+    state = state_lib.init_train_state(params, opt, jax.random.key(1), use_reference=False)
+    _, out = ts.build_train_step(cfg, rl, opt, sched, reward_fn)(state, batch(0))
+    for name in ("grad_norm", "update_norm"):
+        assert out.metrics[name].dtype == jnp.float32, name
+        assert np.isfinite(float(out.metrics[name]))
