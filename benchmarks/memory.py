@@ -1,4 +1,4 @@
-"""Per-device memory of the RL update and rollout for real model sizes on a simulated TPU v5e-8.
+"""Per-device memory of the RL update and rollout for real model sizes on simulated TPU slices.
 
 Command (CPU, nothing is allocated: the programs are compiled on ShapeDtypeStructs):
   python benchmarks/memory.py
@@ -8,15 +8,22 @@ Command (CPU, nothing is allocated: the programs are compiled on ShapeDtypeStruc
   python benchmarks/memory.py --models=qwen2.5-7b,qwen3-8b --long=16384,32768 --chip=v5p-8
   python benchmarks/memory.py --models=qwen2.5-0.5b,qwen3-0.6b --long=4096,16384 --chip=v5e-1
   python benchmarks/memory.py --models=qwen2.5-7b,qwen3-8b --long=16384 --lora=64 --lora_base=int8
+  python benchmarks/memory.py --models=qwen3-30b-a3b --long=4096,16384 --chip=v5p-16
+  python benchmarks/memory.py --models=qwen3-8b,qwen3-32b --chip=v5p-64 --rows=512 \
+      --length=4096 --project='1,32,1;1,8,4;1,4,8'
 
 `--lora=R` (and `--lora_base=int8`) measures the same programs for a LoRA policy: rank-R f32
 adapters on every projection over the frozen bf16 (or int8) base, Adam state for the adapters
 only, and the base itself as the KL reference (no copy).
 
 `--long` prints the long-answer table instead: for each model and generated length, the fewest
-microbatches (1, 2, 4, 8) of one group of G rows whose update fits the chip (`--chip`: v5e-8,
-8 x 16 GiB; v5p-8, 4 x 95 GiB; v5e-1, one 16 GiB chip), what holds its peak, and the rollout
+microbatches (1, 2, 4, 8) of one group of G rows whose update fits the chip (`--chip`: v5e-N,
+N chips of 16 GiB; v5p-N, N / 2 chips of 95 GiB, `CHIPS`), what holds its peak, and the rollout
 rows that fit.
+
+`--project` prints, for each model and each mesh given, the per-chip memory of the update (the
+fewest microbatches that fit) and of the rollout of `--rows` rows on `--chip`, and the step time
+projected from the data sheet at `--utilisation` (`projected_seconds` says what it counts).
 
 Eight fake CPU devices stand in for the eight 16 GiB chips of a v5e-8; the programs are the ones
 `train_step.build_update` and `build_rollout` jit, with the shardings of
@@ -223,8 +230,10 @@ CHIPS = {
     "v5e-8": Chip(8, **V5E),
     "v5e-16": Chip(16, **V5E),
     "v5e-32": Chip(32, **V5E),
+    "v5e-64": Chip(64, **V5E),
     "v5e-256": Chip(256, **V5E),
     "v5p-8": Chip(4, **V5P),
+    "v5p-16": Chip(8, **V5P),
     "v5p-64": Chip(32, **V5P),
 }
 
