@@ -90,14 +90,15 @@ from rlvr_jax.model.config import ModelConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 EXPERT_AXIS = "expert"
+SEQ_AXIS = "seq"
 RULES: Mapping[str, tuple[str, ...]] = {
-    "batch": ("data", "fsdp", EXPERT_AXIS),
+    "batch": ("data", "fsdp", SEQ_AXIS, EXPERT_AXIS),
     "expert": (EXPERT_AXIS,),
-    "embed": ("fsdp",),
+    "embed": ("fsdp", SEQ_AXIS),
     "q_heads": ("tensor",),
     "kv_heads": ("tensor",),
     "mlp": ("tensor",),
-    "vocab": ("tensor", "fsdp"),
+    "vocab": ("tensor", "fsdp", SEQ_AXIS),
     "layers": (),
     "head_dim": (),
 }
@@ -113,6 +114,9 @@ class MeshConfig:
       tensor: attention heads, MLP and vocabulary split.
       expert: an MoE model's experts split (expert parallelism), rows split as by "data"; at
         1 (the default) the mesh has no expert axis.
+      seq: context parallelism: a full forward's token axis T split (one long row over several
+        devices, `constrain_tokens`), the weights split with "fsdp", and the rollout's rows
+        split as by "data"; at 1 (the default) the mesh has no seq axis.
       One of data, fsdp, tensor may be -1: it takes the devices the others leave.
     """
 
@@ -120,14 +124,17 @@ class MeshConfig:
     fsdp: int = -1
     tensor: int = 1
     expert: int = 1
+    seq: int = 1
 
     def __post_init__(self):
         for name in MESH_AXES:
             value = getattr(self, name)
             if value != -1 and value < 1:
                 raise ValueError(f"mesh.{name}={value} must be positive or -1 (the remainder)")
-        if isinstance(self.expert, bool) or not isinstance(self.expert, int) or self.expert < 1:
-            raise ValueError(f"mesh.expert={self.expert!r} must be an integer >= 1")
+        for name in (EXPERT_AXIS, SEQ_AXIS):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"mesh.{name}={value!r} must be an integer >= 1")
         if sum(getattr(self, n) == -1 for n in MESH_AXES) > 1:
             raise ValueError(
                 f"mesh: at most one axis may be -1; got data={self.data}, fsdp={self.fsdp}, "
@@ -136,13 +143,14 @@ class MeshConfig:
 
     @property
     def axes(self) -> tuple[str, ...]:
-        """The mesh's axis names, in order: "expert" between "fsdp" and "tensor" when used."""
-        if self.expert == 1:
-            return MESH_AXES
-        return ("data", "fsdp", EXPERT_AXIS, "tensor")
+        """The mesh's axis names, in order: "seq" and then "expert" between "fsdp" and "tensor"
+        when used."""
+        used = tuple(a for a in (SEQ_AXIS, EXPERT_AXIS) if getattr(self, a) > 1)
+        return ("data", "fsdp", *used, "tensor")
 
     def _described(self) -> str:
-        more = f", expert={self.expert}" if self.expert > 1 else ""
+        used = (a for a in (SEQ_AXIS, EXPERT_AXIS) if getattr(self, a) > 1)
+        more = "".join(f", {a}={getattr(self, a)}" for a in used)
         return f"data={self.data}, fsdp={self.fsdp}, tensor={self.tensor}{more}"
 
     def shape(self, num_devices: int) -> tuple[int, ...]:
@@ -167,13 +175,14 @@ class MeshConfig:
         return tuple(sizes)
 
     def sizes(self, num_devices: int) -> dict[str, int]:
-        """`shape` by axis name, "expert" included (1 when the mesh has none)."""
-        return {EXPERT_AXIS: 1, **dict(zip(self.axes, self.shape(num_devices), strict=True))}
+        """`shape` by axis name, "expert" and "seq" included (1 when the mesh has none)."""
+        sizes = dict(zip(self.axes, self.shape(num_devices), strict=True))
+        return {EXPERT_AXIS: 1, SEQ_AXIS: 1, **sizes}
 
 
 def make_mesh(cfg: MeshConfig = MeshConfig(), devices: Sequence[Any] | None = None) -> Mesh:
     """The ("data", "fsdp", "tensor") mesh over `devices` (default: all, of every process), with
-    "expert" before "tensor" when `cfg.expert` > 1.
+    "seq" and "expert" before "tensor" when `cfg.seq` or `cfg.expert` > 1.
 
     The axes are `AxisType.Auto`: the compiler propagates shardings between the ones set here.
     (With `Explicit` axes, the default of `jax.make_mesh`, the embedding gather fails on a
@@ -283,6 +292,40 @@ def constrain_rows(x: jax.Array) -> jax.Array:
     return x if spec == P() else jax.lax.with_sharding_constraint(x, spec)
 
 
+def seq_shards(num_tokens: int) -> int:
+    """How many devices `constrain_tokens` splits a full forward's T = `num_tokens` tokens over:
+    the "seq" axis of the mesh set by `activation_mesh` when it divides T, else 1 (no mesh, no
+    seq axis, or a T it does not divide: then the rows take the axis, as in the rollout)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if not has_row_axes(mesh):
+        return 1
+    seq = mesh.shape.get(SEQ_AXIS, 1)
+    return seq if seq > 1 and num_tokens % seq == 0 else 1
+
+
+def token_rows(num_rows: int) -> str | tuple[str, ...] | None:
+    """The PartitionSpec entry of the rows of a token-split activation (`constrain_tokens`):
+    the "batch" axes but "seq" (None: whole)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    rules = {**RULES, "batch": tuple(a for a in RULES["batch"] if a != SEQ_AXIS)}
+    spec = logical_spec(("batch",), (num_rows,), mesh, rules)
+    return spec[0] if len(spec) else None
+
+
+def constrain_tokens(x: jax.Array) -> jax.Array:
+    """`x` (rows, T, ...) of a full forward with T split over "seq" and the rows over the other
+    "batch" axes, where `seq_shards(T)` > 1; `constrain_rows(x)` otherwise.
+
+    The model calls it in place of `constrain_rows` at the layer boundaries of a full pass
+    (training's forward, not decode, whose T is 1): one long row is then split over the seq
+    devices, its activations and remat checkpoints included (context parallelism; the
+    attention gathers the keys, `attention.split_over_seq`).
+    """
+    if seq_shards(x.shape[1]) == 1:
+        return constrain_rows(x)
+    return jax.lax.with_sharding_constraint(x, P(token_rows(x.shape[0]), SEQ_AXIS))
+
+
 def has_row_axes(mesh: Any) -> bool:
     """Whether `mesh` (concrete or abstract) is one of ours: it has the "data" and "fsdp" axes
     that split rows (the expert axis is optional)."""
@@ -298,18 +341,25 @@ def rows_split_alike(a: int, b: int) -> bool:
     return logical_spec(("batch",), (a,), mesh) == logical_spec(("batch",), (b,), mesh)
 
 
-def constrain_vocab(x: jax.Array) -> jax.Array:
+def constrain_vocab(x: jax.Array, seq_axis: int | None = None) -> jax.Array:
     """`x` (rows, ..., V) with its last axis split over the "vocab" axes and its rows over
     "data" only, as the vocabulary-split LM head computes it; unchanged when no mesh is set.
 
     The log-prob chunks call it on their logits: without it the compiler keeps the rows split
-    and gathers the whole LM head instead (see the module docstring).
+    and gathers the whole LM head instead (see the module docstring). With `seq_axis`, that
+    axis of `x` (a token-split row's chunks, one per seq device) stays over "seq" and V takes
+    the other "vocab" axes: each device computes the logits of its own tokens, and the LM
+    head's slices are gathered over "seq" instead of the hidden states.
     """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
         return x
     rules = {**RULES, "batch": ("data", EXPERT_AXIS)}
-    names = ("batch", *(None,) * (x.ndim - 2), "vocab")
+    names = ["batch", *(None,) * (x.ndim - 2), "vocab"]
+    if seq_axis is not None and mesh.shape.get(SEQ_AXIS, 1) > 1:
+        rules["vocab"] = tuple(a for a in RULES["vocab"] if a != SEQ_AXIS)
+        rules[SEQ_AXIS] = (SEQ_AXIS,)
+        names[seq_axis] = SEQ_AXIS
     spec = logical_spec(names, x.shape, mesh, rules)
     return x if spec == P() else jax.lax.with_sharding_constraint(x, spec)
 

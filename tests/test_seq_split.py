@@ -1,0 +1,249 @@
+"""Context parallelism: a row's tokens split over the mesh's "seq" axis give the numbers of the
+unsplit forward and backward, in every attention layout."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from rlvr_jax.model import attention as attention_lib
+from rlvr_jax.model import config as config_lib
+from rlvr_jax.model import lora as lora_lib
+from rlvr_jax.model import sharding
+from rlvr_jax.model import transformer as tf
+from rlvr_jax.rl import logprobs, sharding_plan
+
+N, T = 4, 32
+ATOL = 1e-5
+MESHES = [dict(fsdp=2, seq=4), dict(fsdp=4, seq=2)]
+
+
+def _cfg(attention: str) -> config_lib.ModelConfig:
+    # Blocks of 6 do not divide the chunks of 8 or 16 tokens a device holds: the blocks of the
+    # split kernel straddle the chunk's end, those of the unsplit one the chunks' boundaries.
+    return config_lib.PRESETS["tiny"].replace(
+        vocab_size=64, attention=attention, attention_block=6, remat=True
+    )
+
+
+def _params(cfg, lora=False):
+    params = tf.init_params(jax.random.key(0), cfg, std=0.1)
+    if not lora:
+        return params
+    adapters = lora_lib.init_lora(jax.random.key(1), cfg, lora_lib.LoraConfig(rank=4))
+    # Nonzero B, so that the adapters change the forward (small: larger adapters blow the
+    # forward up, and float noise with it, on one device as on any mesh).
+    b = lambda ab: dataclasses.replace(ab, b=ab.b + 0.002)  # noqa: E731
+    adapters = jax.tree.map(b, adapters, is_leaf=lambda x: isinstance(x, tf.LowRank))
+    return dataclasses.replace(params, lora=adapters)
+
+
+def _flat_batch():
+    """Left-padded rows with right padding after their answers."""
+    tokens = jax.random.randint(jax.random.key(2), (N, T), 0, 64)
+    starts, ends = np.array([0, 3, 7, 1]), np.array([32, 30, 25, 32])
+    col = np.arange(T)[None]
+    mask = (col >= starts[:, None]) & (col < ends[:, None])
+    positions = tf.positions_from_mask(jnp.asarray(mask))
+    return dict(tokens=tokens, mask=jnp.asarray(mask), positions=positions)
+
+
+def _packed_batch():
+    """Two packed sequences per row: one prompt with two completions (branches), one prompt
+    with one, then padding; and a row of two plain sequences."""
+    B = attention_lib.BRANCHES
+    runs = [
+        [(B, 6), (B + 1, 5), (B + 2, 7), (2 * B, 4), (2 * B + 1, 6), (0, 4)],
+        [(B, 13), (2 * B, 15), (0, 4)],
+    ]
+    segs, positions = [], []
+    for row in runs:
+        seg, pos, prefix = [], [], 0
+        for sid, n in row:
+            start = 0 if sid % B == 0 else prefix
+            seg += [sid] * n
+            pos += list(range(start, start + n))
+            prefix = n if sid % B == 0 else prefix
+        segs.append(seg)
+        positions.append(pos)
+    segs = jnp.asarray(segs * 2, jnp.int32)
+    tokens = jax.random.randint(jax.random.key(3), segs.shape, 0, 64)
+    return dict(tokens=tokens, mask=segs > 0, positions=jnp.asarray(positions * 2), segments=segs)
+
+
+def _loss(params, batch, cfg, layout):
+    """Mean log-prob of every next token and the per-token log-probs, through the split or
+    unsplit forward that the active mesh selects."""
+    targets = jnp.roll(batch["tokens"], -1, axis=1)
+    if layout == "grouped":
+        G, Pn = 2, 8
+        h_NTD = logprobs.grouped_completion_hidden_states(
+            params, batch["tokens"], batch["positions"], cfg, batch["mask"], G, Pn
+        )
+        logp, _ = logprobs.token_logprobs(params, h_NTD, batch["tokens"][:, Pn:], cfg, 4)
+        weight = batch["mask"][:, Pn:]
+    else:
+        seg = batch.get("segments")
+        h, _ = tf.hidden_states(
+            params,
+            batch["tokens"],
+            batch["positions"],
+            cfg,
+            None,
+            batch["mask"],
+            segment_ids_BT=seg,
+        )
+        logp, _ = logprobs.token_logprobs(params, h, targets, cfg, 4)
+        weight = batch["mask"]
+    return -jnp.sum(logp * weight) / jnp.sum(weight), logp
+
+
+def _grouped_batch():
+    """Two prompts of 8 tokens (left-padded), each with G = 2 completions of 32 tokens."""
+    prompt = jax.random.randint(jax.random.key(4), (2, 8), 0, 64)
+    prompt_mask = jnp.asarray([[False] * 3 + [True] * 5, [True] * 8])
+    completion = jax.random.randint(jax.random.key(5), (N, T), 0, 64)
+    lengths = np.array([32, 20, 9, 27])
+    completion_mask = jnp.asarray(np.arange(T)[None] < lengths[:, None])
+    tokens = jnp.concatenate([jnp.repeat(prompt, 2, 0), completion], 1)
+    mask = jnp.concatenate([jnp.repeat(prompt_mask, 2, 0), completion_mask], 1)
+    return dict(tokens=tokens, mask=mask, positions=tf.positions_from_mask(mask))
+
+
+BATCHES = {"causal": _flat_batch, "packed": _packed_batch, "grouped": _grouped_batch}
+
+
+def _step(params, batch, cfg, layout, mesh):
+    """Loss, log-probs, gradients and the parameters after one SGD step, jitted on `mesh`
+    (None: one device)."""
+    opt = optax.sgd(0.5)
+
+    def step(params, batch):
+        (loss, logp), grads = jax.value_and_grad(_loss, has_aux=True)(params, batch, cfg, layout)
+        updates, _ = opt.update(grads, opt.init(params), params)
+        return loss, logp, grads, optax.apply_updates(params, updates)
+
+    if mesh is None:
+        return jax.device_get(jax.jit(step)(params, batch))
+    shardings = sharding_plan.param_shardings(cfg, mesh, params)
+    rows = sharding.rows_sharding(mesh, N)
+    params, batch = sharding.place(params, shardings), sharding.place(batch, rows)
+    with sharding.activation_mesh(mesh):
+        jitted = jax.jit(step, in_shardings=(shardings, rows))
+        lowered = jitted.lower(params, batch)
+    # The row really is split: the attention gathers its keys over "seq".
+    assert "all-gather" in lowered.compile().as_text()
+    return jax.device_get(lowered.compile()(params, batch))
+
+
+def _assert_close(got, want):
+    for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(x, y, atol=ATOL, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: f"fsdp{m['fsdp']}-seq{m['seq']}")
+@pytest.mark.parametrize("attention", ["xla_blockwise", "dense"])
+@pytest.mark.parametrize("layout", ["causal", "packed", "grouped"])
+def test_split_update_equals_the_unsplit_one(layout, attention, mesh_shape):
+    cfg = _cfg(attention)
+    params, batch = _params(cfg), BATCHES[layout]()
+    want = _step(params, batch, cfg, layout, None)
+    got = _step(params, batch, cfg, layout, sharding.make_mesh(sharding.MeshConfig(**mesh_shape)))
+    _assert_close(got, want)
+    assert np.isfinite(want[0]) and np.abs(np.asarray(want[2].layers.q)).max() > 0
+
+
+def test_split_update_with_lora_adapters_equals_the_unsplit_one():
+    cfg = _cfg("xla_blockwise")
+    params, batch = _params(cfg, lora=True), _flat_batch()
+    want = _step(params, batch, cfg, "causal", None)
+    mesh = sharding.make_mesh(sharding.MeshConfig(fsdp=2, seq=4))
+    got = _step(params, batch, cfg, "causal", mesh)
+    _assert_close(got, want)
+    assert np.abs(np.asarray(want[2].lora.q.b)).max() > 0
+
+
+def test_the_seq_axis_of_the_mesh_and_its_layouts():
+    cfg = sharding.MeshConfig(fsdp=-1, seq=4)
+    assert cfg.axes == ("data", "fsdp", "seq", "tensor")
+    assert cfg.shape(8) == (1, 2, 4, 1)
+    assert sharding.MeshConfig(fsdp=1, seq=2, expert=2, tensor=2).axes == (
+        "data",
+        "fsdp",
+        "seq",
+        "expert",
+        "tensor",
+    )
+    assert cfg.sizes(8) == {"data": 1, "fsdp": 2, "seq": 4, "tensor": 1, "expert": 1}
+    with pytest.raises(ValueError, match="mesh.seq=0"):
+        sharding.MeshConfig(seq=0)
+    with pytest.raises(ValueError, match="seq=3"):
+        sharding.MeshConfig(seq=3).shape(8)
+    mesh = sharding.make_mesh(cfg)
+    model = config_lib.PRESETS["tiny"]
+    specs = sharding_plan.param_shardings(model, mesh, tf.param_shapes(model))
+    # The weights are split over fsdp and seq together (no replicas on the seq devices).
+    assert specs.layers.gate.spec == P(None, ("fsdp", "seq"))
+    assert specs.embed.spec == P(("fsdp", "seq"))
+    # The rollout's rows take the seq axis; a full forward splits its tokens over it.
+    assert sharding.rows_sharding(mesh, 8).spec == P(("fsdp", "seq"))
+    with sharding.activation_mesh(mesh):
+        assert sharding.seq_shards(32) == 4 and sharding.seq_shards(30) == 1
+        assert sharding.token_rows(8) == "fsdp"
+
+    def forward(x):
+        with sharding.activation_mesh(mesh):
+            return sharding.constrain_tokens(x), sharding.constrain_tokens(x[:, :30])
+
+    x = jax.device_put(jnp.zeros((8, 32, 4)), NamedSharding(mesh, P()))
+    split, rows = jax.jit(forward)(x)
+    assert split.sharding.spec == P("fsdp", "seq")
+    assert rows.sharding.spec == P(("fsdp", "seq"))
+
+
+def test_split_logprobs_do_not_gather_the_hidden_states():
+    """Each seq device computes the logits of its own tokens: the compiled log-probs hold no
+    all-gather of the (N, T, D) hidden states over "seq" (the LM head's slices are gathered)."""
+    cfg = _cfg("xla_blockwise").replace(vocab_size=512)
+    mesh = sharding.make_mesh(sharding.MeshConfig(fsdp=2, seq=4))
+    params = tf.param_shapes(cfg)
+    shardings = sharding_plan.param_shardings(cfg, mesh, params)
+    Tn, D = 64, cfg.embed_dim
+    h_spec = NamedSharding(mesh, P("fsdp", "seq"))
+
+    def loss(params, h, targets):
+        with sharding.activation_mesh(mesh):
+            logp, _ = logprobs.token_logprobs(params, h, targets, cfg, 8)
+        return jnp.sum(logp)
+
+    h = jax.ShapeDtypeStruct((N, Tn, D), jnp.float32, sharding=h_spec)
+    targets = jax.ShapeDtypeStruct((N, Tn), jnp.int32, sharding=h_spec)
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 1)), in_shardings=(shardings, h_spec, h_spec))
+    text = hlo.lower(params, h, targets).compile().as_text()
+    gathers = [line for line in text.splitlines() if " all-gather(" in line]
+    assert gathers  # the LM head's (V, D) slices
+    for line in gathers:
+        shape = line.split("=")[1].split("all-gather(")[0]
+        # A gather of hidden states would hold all T tokens of a row, (.., 64, 64) or more.
+        assert f"{Tn}," not in shape.replace(" ", "") or f",{D}]" not in shape, line
+
+
+def test_split_logprobs_equal_the_unsplit_ones():
+    cfg = _cfg("xla_blockwise")
+    params = _params(cfg)
+    h = jax.random.normal(jax.random.key(6), (N, T, cfg.embed_dim))
+    targets = jax.random.randint(jax.random.key(7), (N, T), 0, 64)
+    want = logprobs.token_logprobs(params, h, targets, cfg, 5)
+    mesh = sharding.make_mesh(sharding.MeshConfig(fsdp=2, seq=4))
+
+    @jax.jit
+    def split(params, h, targets):
+        with sharding.activation_mesh(mesh):
+            return logprobs.token_logprobs(params, h, targets, cfg, 5)
+
+    _assert_close(split(params, h, targets), want)
