@@ -2,6 +2,8 @@
 unsplit forward and backward, in every attention layout."""
 
 import dataclasses
+import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,7 @@ from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.model import sharding
 from rlvr_jax.model import transformer as tf
 from rlvr_jax.rl import logprobs, sharding_plan
+from tests import test_sharding
 
 N, T = 4, 32
 ATOL = 1e-5
@@ -206,9 +209,22 @@ def test_the_seq_axis_of_the_mesh_and_its_layouts():
     assert rows.sharding.spec == P(("fsdp", "seq"))
 
 
-def test_split_logprobs_do_not_gather_the_hidden_states():
-    """Each seq device computes the logits of its own tokens: the compiled log-probs hold no
-    all-gather of the (N, T, D) hidden states over "seq" (the LM head's slices are gathered)."""
+def _gathered_activations(text: str) -> list[int]:
+    """The element counts of the f32 all-gathers of rank 3 or more in an HLO text (activations;
+    the weights' gathers are matrices)."""
+    counts = []
+    for line in text.splitlines():
+        found = re.search(r"= f32\[([\d,]+)\]\{[\d,]*\} all-gather\(", line)
+        if found and found.group(1).count(",") >= 2:
+            counts.append(math.prod(int(d) for d in found.group(1).split(",")))
+    return counts
+
+
+def test_split_logprobs_do_not_gather_the_hidden_states(monkeypatch):
+    """Each seq device computes the logits of its own tokens: the compiled log-probs gather no
+    more of the (N, T, D) hidden states than one seq device's share (their rows are gathered
+    over "fsdp" for the vocabulary-split head, a chunk at a time). The unsplit chunking, on
+    the same input, gathers the hidden states of all T tokens."""
     cfg = _cfg("xla_blockwise").replace(vocab_size=512)
     mesh = sharding.make_mesh(sharding.MeshConfig(fsdp=2, seq=4))
     params = tf.param_shapes(cfg)
@@ -221,16 +237,17 @@ def test_split_logprobs_do_not_gather_the_hidden_states():
             logp, _ = logprobs.token_logprobs(params, h, targets, cfg, 8)
         return jnp.sum(logp)
 
-    h = jax.ShapeDtypeStruct((N, Tn, D), jnp.float32, sharding=h_spec)
-    targets = jax.ShapeDtypeStruct((N, Tn), jnp.int32, sharding=h_spec)
-    hlo = jax.jit(jax.grad(loss, argnums=(0, 1)), in_shardings=(shardings, h_spec, h_spec))
-    text = hlo.lower(params, h, targets).compile().as_text()
-    gathers = [line for line in text.splitlines() if " all-gather(" in line]
-    assert gathers  # the LM head's (V, D) slices
-    for line in gathers:
-        shape = line.split("=")[1].split("all-gather(")[0]
-        # A gather of hidden states would hold all T tokens of a row, (.., 64, 64) or more.
-        assert f"{Tn}," not in shape.replace(" ", "") or f",{D}]" not in shape, line
+    def gathers():
+        h = jax.ShapeDtypeStruct((N, Tn, D), jnp.float32, sharding=h_spec)
+        targets = jax.ShapeDtypeStruct((N, Tn), jnp.int32, sharding=h_spec)
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1)), in_shardings=(shardings, h_spec, h_spec))
+        return _gathered_activations(grad.lower(params, h, targets).compile().as_text())
+
+    share = N * Tn * D // 4
+    split = gathers()
+    assert split and max(split) <= share, split
+    monkeypatch.setattr(sharding, "seq_shards", lambda num_tokens: 1)  # the unsplit chunking
+    assert max(gathers()) > share
 
 
 def test_split_logprobs_equal_the_unsplit_ones():
@@ -247,3 +264,46 @@ def test_split_logprobs_equal_the_unsplit_ones():
             return logprobs.token_logprobs(params, h, targets, cfg, 5)
 
     _assert_close(split(params, h, targets), want)
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole step
+
+
+@pytest.fixture(scope="module")
+def long_task():
+    """tests/test_sharding.py's task with answers of 8 tokens: the update's rows (8 prompt and
+    8 answer tokens) and the completions alone both split over a seq axis of 2 or 4."""
+    cfg, rl, ocfg, *rest = test_sharding.make_task()
+    rl = dataclasses.replace(rl, sampler=dataclasses.replace(rl.sampler, max_new_tokens=8))
+    # A larger Adam eps: float noise in a near-zero gradient entry is not blown up to a
+    # learning rate's worth of parameter change (see test_sharding.PARAM_ATOL).
+    return (cfg, rl, dataclasses.replace(ocfg, eps=1e-4), *rest)
+
+
+@pytest.mark.parametrize("shared_prompt", [True, False])
+def test_train_step_on_a_seq_mesh_equals_one_device(long_task, shared_prompt, monkeypatch):
+    cfg, rl, *rest = long_task
+    task = (cfg, dataclasses.replace(rl, shared_prompt_forward=shared_prompt), *rest)
+    want_state, want_outs, _ = test_sharding._run(task)
+    split_shapes, original = [], attention_lib.split_over_seq
+
+    def split_over_seq(local, q, *args):
+        split_shapes.append(q.shape)
+        return original(local, q, *args)
+
+    monkeypatch.setattr(attention_lib, "split_over_seq", split_over_seq)
+    mesh = sharding.make_mesh(sharding.MeshConfig(fsdp=2, seq=4))
+    state, outs, plan = test_sharding._run(task, mesh)
+    # The update's forwards (the reference's and the policy's) split their rows' tokens.
+    assert split_shapes
+    for got, want in zip(outs, want_outs, strict=True):
+        assert got.metrics.keys() == want.metrics.keys()
+        for k in want.metrics:
+            np.testing.assert_allclose(
+                got.metrics[k], want.metrics[k], atol=test_sharding.ATOL, rtol=1e-5, err_msg=k
+            )
+    assert float(outs[0].metrics["reward/std"]) > 0
+    for x, y in zip(test_sharding._arrays(state), test_sharding._arrays(want_state), strict=True):
+        np.testing.assert_allclose(x, y, atol=test_sharding.PARAM_ATOL)
+    assert plan.state.params.layers.gate.spec == P(None, ("fsdp", "seq"))

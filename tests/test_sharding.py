@@ -125,7 +125,7 @@ def test_the_config_has_a_mesh_section():
     from rlvr_jax.program import settings as settings_lib
 
     config = tiny.get_config()
-    assert dict(config.mesh) == {"data": 1, "fsdp": -1, "tensor": 1, "expert": 1}
+    assert dict(config.mesh) == {"data": 1, "fsdp": -1, "tensor": 1, "expert": 1, "seq": 1}
     config.mesh.tensor = 2
     assert settings_lib.settings_from_config(config).mesh == sharding.MeshConfig(1, -1, 2)
     config.mesh.data = -1
