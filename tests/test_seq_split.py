@@ -307,3 +307,36 @@ def test_train_step_on_a_seq_mesh_equals_one_device(long_task, shared_prompt, mo
     for x, y in zip(test_sharding._arrays(state), test_sharding._arrays(want_state), strict=True):
         np.testing.assert_allclose(x, y, atol=test_sharding.PARAM_ATOL)
     assert plan.state.params.layers.gate.spec == P(None, ("fsdp", "seq"))
+
+
+def test_a_length_the_seq_axis_does_not_divide_is_a_config_error():
+    from configs import tiny
+    from rlvr_jax.config_types import ConfigError
+    from rlvr_jax.program import settings as settings_lib
+
+    config = tiny.get_config()
+    config.mesh.seq = 2
+    config.mesh.fsdp = 4
+    config.rl.sampler.max_new_tokens = 64
+    config.data.buckets = (32,)
+    config.model.attention_block = 64
+    settings = settings_lib.settings_from_config(config)
+    assert settings.mesh.seq == 2 and settings.mesh.axes == ("data", "fsdp", "seq", "tensor")
+    config.rl.sampler.max_new_tokens = 63
+    with pytest.raises(ConfigError, match=r"rl.sampler.max_new_tokens=63 is not a multiple of"):
+        settings_lib.settings_from_config(config)
+    config.rl.sampler.max_new_tokens = 64
+    config.data.buckets = (32, 33)
+    with pytest.raises(ConfigError, match=r"data.buckets\[1\]=33 .* mesh.seq=2"):
+        settings_lib.settings_from_config(config)
+    config.data.buckets = (32,)
+    config.mesh.seq = 0
+    with pytest.raises(ValueError, match="mesh.seq=0 must be an integer >= 1"):
+        settings_lib.settings_from_config(config)
+    # The rollout's rows split over seq too.
+    config.mesh.seq = 8
+    config.mesh.fsdp = 1
+    config.train.batch_prompts = 3  # 12 rows
+    settings = settings_lib.settings_from_config(config, check_devices=False)
+    with pytest.raises(ConfigError, match="12 rows do not split over the mesh's data x fsdp x seq"):
+        settings_lib.check_mesh(settings, 8)
