@@ -17,6 +17,11 @@ site by `resolve_attention` from `ModelConfig.attention`:
 * "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")` on NVIDIA GPUs.
 * "pallas": the splash attention kernel jax ships for TPUs, with segment ids for padding.
 
+Context parallelism (`split_over_seq`): a row whose tokens are split over the mesh's "seq"
+axis runs in a `shard_map`, each device's query chunk against the keys and values all-gathered
+over "seq"; the blockwise kernel takes the chunk's first key position as a traced
+`query_start` (the static `causal_offset` of the unsplit paths is unchanged).
+
 Fully masked query rows (a left-padding query) give a zero output, log-sum-exp `MASK_VALUE` and
 zero gradients, never NaN. Two attentions over disjoint key sets merge exactly through their
 log-sum-exps (`merge_attention`); the shared-prompt layout (`grouped_attention`) uses that, and

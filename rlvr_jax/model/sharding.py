@@ -1,26 +1,31 @@
 """The device mesh and every sharding of the RL step, from one table of logical axis names.
 
-The mesh has three axes, ("data", "fsdp", "tensor"), sized by `MeshConfig`, and a fourth,
-"expert", between "fsdp" and "tensor" when `MeshConfig.expert` > 1 (expert parallelism of a
-mixture-of-experts model). Parameters declare logical axis names (`transformer.logical_axes`);
-`RULES` maps each name to mesh axes (an axis the mesh lacks is left out):
+The mesh has three axes, ("data", "fsdp", "tensor"), sized by `MeshConfig`, and up to two
+more between "fsdp" and "tensor": "seq" when `MeshConfig.seq` > 1 (context parallelism: one
+long row's tokens split over devices in the update's forward and backward, see below), then
+"expert" when `MeshConfig.expert` > 1 (expert parallelism of a mixture-of-experts model).
+Parameters declare logical axis names (`transformer.logical_axes`); `RULES` maps each name to
+mesh axes (an axis the mesh lacks is left out):
 
 ==========  ==================  =============================================================
 logical     mesh axes           why
 ==========  ==================  =============================================================
 batch       ("data", "fsdp",    rows (prompts x samples): data and FSDP parallelism both split
-            "expert")           the batch; FSDP additionally splits the weights' embed axis;
-                                the expert axis is data parallelism for all but the experts
+            "seq", "expert")    the batch; FSDP additionally splits the weights' embed axis;
+                                the expert axis is data parallelism for all but the experts;
+                                the seq axis splits the rollout's rows, and a full forward's
+                                tokens in place of rows (`constrain_tokens`)
 expert      "expert"            an MoE layer's experts (`model/moe.py`): each device of the
                                 expert axis holds E / expert of them, FSDP-split on D and
                                 tensor-split on their inner width like the dense MLP
-embed       "fsdp"              ZeRO-3 style: every layer's weight matrix is split on its D
-                                axis and all-gathered per layer inside the scan
+embed       ("fsdp", "seq")     ZeRO-3 style: every layer's weight matrix is split on its D
+                                axis and all-gathered per layer inside the scan (the seq
+                                devices would otherwise hold replicas)
 q_heads,    "tensor"            Megatron-style tensor parallelism: attention heads and the
 kv_heads,                       MLP's inner axis are split, so the big matmuls need one
 mlp                             reduction each
-vocab       ("tensor", "fsdp")  the embedding and the LM head are split on V over both axes
-                                and never gathered (their D axis stays whole); see below
+vocab       ("tensor", "fsdp",  the embedding and the LM head are split on V over these axes
+            "seq")              and never gathered (their D axis stays whole); see below
 layers,     (none)              the layer scan and the per-head width stay whole
 head_dim
 ==========  ==================  =============================================================
@@ -56,7 +61,10 @@ programs (`train_step.build_*`):
 * activations: the model constrains its residual stream to rows over "batch" at every layer
   boundary and the log-prob chunks' logits to V over "vocab" (`constrain_rows`,
   `constrain_vocab`, active while `build_*` traces under `activation_mesh`); the compiler
-  propagates everything else.
+  propagates everything else. On a mesh with a seq axis a full forward (not decode or
+  prefill) constrains its residual stream to T over "seq" and its rows over the other batch
+  axes (`constrain_tokens`, where seq divides T), and its attention gathers the keys over
+  "seq" (`attention.split_over_seq`); docs/scaling.md says why and what is not done.
 
 Rollout layout. The sampler runs on the training layout: the same parameter buffers, FSDP-split,
 with no resharding between rollout and update. The price is that each decode step all-gathers

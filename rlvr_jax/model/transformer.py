@@ -8,6 +8,8 @@ depth. The same `forward` serves training (no cache), prefill (cache, T prompt t
 Attention: training forwards (`hidden_states` without a cache, `grouped_hidden_states`) run the
 implementation `cfg.attention` resolves to (`attention.resolve_attention`): blockwise or a fused
 kernel, with no (T, S) mask or score array, or "dense", the reference `attention` below.
+On a mesh with a "seq" axis a full pass splits its tokens over it (`sharding.constrain_tokens`)
+and its attention gathers the keys (`attention.split_over_seq`); decode and prefill split rows.
 Prefill with a cache stays dense: prompts are short, its keys include cache slots and its causal
 offset (the write index) is traced.
 
