@@ -23,7 +23,8 @@ from tests import test_sharding
 
 N, T = 4, 32
 ATOL = 1e-5
-MESHES = [dict(fsdp=2, seq=4), dict(fsdp=4, seq=2)]
+# The last one splits the heads over "tensor" inside the attention's shard_map.
+MESHES = [dict(fsdp=2, seq=4), dict(fsdp=4, seq=2), dict(fsdp=2, seq=2, tensor=2)]
 
 
 def _cfg(attention: str) -> config_lib.ModelConfig:
@@ -149,7 +150,7 @@ def _assert_close(got, want):
         np.testing.assert_allclose(x, y, atol=ATOL, rtol=1e-5)
 
 
-@pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: f"fsdp{m['fsdp']}-seq{m['seq']}")
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "-".join(f"{k}{m[k]}" for k in m))
 @pytest.mark.parametrize("attention", ["xla_blockwise", "dense"])
 @pytest.mark.parametrize("layout", ["causal", "packed", "grouped"])
 def test_split_update_equals_the_unsplit_one(layout, attention, mesh_shape):
@@ -169,6 +170,16 @@ def test_split_update_with_lora_adapters_equals_the_unsplit_one():
     got = _step(params, batch, cfg, "causal", mesh)
     _assert_close(got, want)
     assert np.abs(np.asarray(want[2].lora.q.b)).max() > 0
+
+
+def test_split_update_of_a_mixture_of_experts_equals_the_unsplit_one():
+    cfg = config_lib.PRESETS["tiny-moe"].replace(
+        vocab_size=64, attention="xla_blockwise", attention_block=6, remat=True
+    )
+    params, batch = _params(cfg), _flat_batch()
+    want = _step(params, batch, cfg, "causal", None)
+    mesh = sharding.make_mesh(sharding.MeshConfig(fsdp=2, seq=2, expert=2))
+    _assert_close(_step(params, batch, cfg, "causal", mesh), want)
 
 
 def test_the_seq_axis_of_the_mesh_and_its_layouts():
