@@ -135,7 +135,7 @@ def _step(params, batch, cfg, layout, mesh):
     if mesh is None:
         return jax.device_get(jax.jit(step)(params, batch))
     shardings = sharding_plan.param_shardings(cfg, mesh, params)
-    rows = sharding.rows_sharding(mesh, N)
+    rows = sharding.rows_sharding(mesh, batch["tokens"].shape[0])
     params, batch = sharding.place(params, shardings), sharding.place(batch, rows)
     with sharding.activation_mesh(mesh):
         jitted = jax.jit(step, in_shardings=(shardings, rows))
@@ -160,6 +160,25 @@ def test_split_update_equals_the_unsplit_one(layout, attention, mesh_shape):
     got = _step(params, batch, cfg, layout, sharding.make_mesh(sharding.MeshConfig(**mesh_shape)))
     _assert_close(got, want)
     assert np.isfinite(want[0]) and np.abs(np.asarray(want[2].layers.q)).max() > 0
+
+
+@pytest.mark.parametrize("attention", ["xla_blockwise", "dense"])
+def test_one_long_row_splits_over_seq_and_its_width_over_fsdp(attention):
+    """The case the axis is for: one row, which the row axes cannot split; its tokens go over
+    "seq" and its residual stream's D over "fsdp"."""
+    cfg = _cfg(attention)
+    params = _params(cfg)
+    batch = jax.tree.map(lambda x: x[1:2], _flat_batch())
+    want = _step(params, batch, cfg, "causal", None)
+    mesh = sharding.make_mesh(sharding.MeshConfig(fsdp=2, seq=4))
+    _assert_close(_step(params, batch, cfg, "causal", mesh), want)
+
+    def spec(x):
+        with sharding.activation_mesh(mesh):
+            return sharding.constrain_tokens(x)
+
+    x = jax.device_put(jnp.zeros((1, T, cfg.embed_dim)), NamedSharding(mesh, P()))
+    assert jax.jit(spec)(x).sharding.spec == P(None, "seq", "fsdp")
 
 
 def test_split_update_with_lora_adapters_equals_the_unsplit_one():
@@ -232,20 +251,19 @@ def _gathered_activations(text: str) -> list[int]:
 
 
 def test_split_logprobs_do_not_gather_the_hidden_states(monkeypatch):
-    """Each seq device computes the logits of its own tokens: the compiled log-probs gather no
-    more of the (N, T, D) hidden states than one seq device's share (their rows are gathered
-    over "fsdp" for the vocabulary-split head, a chunk at a time). The unsplit chunking, on
-    the same input, gathers the hidden states of all T tokens."""
+    """Each chunk step of a split row's log-probs holds C tokens of every seq device: it
+    gathers that chunk (rows over "fsdp", tokens over "seq") and no more of the (N, T, D)
+    hidden states. The unsplit chunking, on the same input, gathers all T tokens."""
     cfg = _cfg("xla_blockwise").replace(vocab_size=512)
     mesh = sharding.make_mesh(sharding.MeshConfig(fsdp=2, seq=4))
     params = tf.param_shapes(cfg)
     shardings = sharding_plan.param_shardings(cfg, mesh, params)
-    Tn, D = 64, cfg.embed_dim
+    Tn, C, D = 128, 8, cfg.embed_dim
     h_spec = NamedSharding(mesh, P("fsdp", "seq"))
 
     def loss(params, h, targets):
         with sharding.activation_mesh(mesh):
-            logp, _ = logprobs.token_logprobs(params, h, targets, cfg, 8)
+            logp, _ = logprobs.token_logprobs(params, h, targets, cfg, C)
         return jnp.sum(logp)
 
     def gathers():
@@ -254,11 +272,11 @@ def test_split_logprobs_do_not_gather_the_hidden_states(monkeypatch):
         grad = jax.jit(jax.grad(loss, argnums=(0, 1)), in_shardings=(shardings, h_spec, h_spec))
         return _gathered_activations(grad.lower(params, h, targets).compile().as_text())
 
-    share = N * Tn * D // 4
+    chunk_step = N * 4 * C * D  # every row, C tokens of each of the 4 seq devices
     split = gathers()
-    assert split and max(split) <= share, split
+    assert split and max(split) <= chunk_step, split
     monkeypatch.setattr(sharding, "seq_shards", lambda num_tokens: 1)  # the unsplit chunking
-    assert max(gathers()) > share
+    assert max(gathers()) >= N // 2 * Tn * D  # its rows' whole T
 
 
 def test_split_logprobs_equal_the_unsplit_ones():

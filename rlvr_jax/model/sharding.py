@@ -331,7 +331,20 @@ def constrain_tokens(x: jax.Array) -> jax.Array:
     """
     if seq_shards(x.shape[1]) == 1:
         return constrain_rows(x)
-    return jax.lax.with_sharding_constraint(x, P(token_rows(x.shape[0]), SEQ_AXIS))
+    rows = token_rows(x.shape[0])
+    return jax.lax.with_sharding_constraint(x, P(rows, SEQ_AXIS, *_spare_embed(rows, x)))
+
+
+def _spare_embed(rows: str | tuple[str, ...] | None, x: jax.Array) -> tuple:
+    """The last axis's entry of a token-split activation: the row axes its rows leave unused
+    (too few rows, e.g. one long row), where they divide it, else nothing."""
+    if x.ndim < 3:
+        return ()
+    mesh = jax.sharding.get_abstract_mesh()
+    used = set() if rows is None else {rows} if isinstance(rows, str) else set(rows)
+    rules = {"embed": tuple(a for a in RULES["batch"] if a not in used and a != SEQ_AXIS)}
+    spec = logical_spec((*(None,) * (x.ndim - 1), "embed"), x.shape, mesh, rules)
+    return (spec[-1],) if len(spec) == x.ndim else ()
 
 
 def has_row_axes(mesh: Any) -> bool:
@@ -349,25 +362,18 @@ def rows_split_alike(a: int, b: int) -> bool:
     return logical_spec(("batch",), (a,), mesh) == logical_spec(("batch",), (b,), mesh)
 
 
-def constrain_vocab(x: jax.Array, seq_axis: int | None = None) -> jax.Array:
+def constrain_vocab(x: jax.Array) -> jax.Array:
     """`x` (rows, ..., V) with its last axis split over the "vocab" axes and its rows over
     "data" only, as the vocabulary-split LM head computes it; unchanged when no mesh is set.
 
     The log-prob chunks call it on their logits: without it the compiler keeps the rows split
-    and gathers the whole LM head instead (see the module docstring). With `seq_axis`, that
-    axis of `x` (a token-split row's chunks, one per seq device) stays over "seq" and V takes
-    the other "vocab" axes: each device computes the logits of its own tokens, and the LM
-    head's slices are gathered over "seq" instead of the hidden states.
+    and gathers the whole LM head instead (see the module docstring).
     """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
         return x
     rules = {**RULES, "batch": ("data", EXPERT_AXIS)}
-    names = ["batch", *(None,) * (x.ndim - 2), "vocab"]
-    if seq_axis is not None and mesh.shape.get(SEQ_AXIS, 1) > 1:
-        rules["vocab"] = tuple(a for a in RULES["vocab"] if a != SEQ_AXIS)
-        rules[SEQ_AXIS] = (SEQ_AXIS,)
-        names[seq_axis] = SEQ_AXIS
+    names = ("batch", *(None,) * (x.ndim - 2), "vocab")
     spec = logical_spec(names, x.shape, mesh, rules)
     return x if spec == P() else jax.lax.with_sharding_constraint(x, spec)
 

@@ -32,17 +32,17 @@ def _chunk_logprobs(
     targets_NC: Array,
     cfg: ModelConfig,
     temperature: Array,
-    seq_axis: int | None = None,
+    seq_chunks: bool = False,
 ) -> tuple[Array, Array]:
     """Log-prob of each target and the entropy (both (N, C) f32) for one chunk of C steps;
-    with `seq_axis`, h is (N, seq, C, D), one chunk per seq device (`sharding.constrain_vocab`),
-    and the results (N, seq, C)."""
-    if seq_axis is None:
-        logits = logits_from_hidden(params, h_NCD, cfg)
-    else:
+    with `seq_chunks`, h is (N, seq, C, D), a chunk of each seq device's tokens, and the
+    results (N, seq, C)."""
+    if seq_chunks:
         N, S, C, D = h_NCD.shape
         logits = logits_from_hidden(params, h_NCD.reshape(N, S * C, D), cfg).reshape(N, S, C, -1)
-    logits_NCV = sharding.constrain_vocab(logits, seq_axis) / temperature
+    else:
+        logits = logits_from_hidden(params, h_NCD, cfg)
+    logits_NCV = sharding.constrain_vocab(logits) / temperature
     lse_NC = jax.nn.logsumexp(logits_NCV, axis=-1)
     target_logit_NC = jnp.take_along_axis(logits_NCV, targets_NC[..., None], axis=-1)[..., 0]
     logp_NCV = logits_NCV - lse_NC[..., None]
@@ -114,8 +114,13 @@ def _split_token_logprobs(
 ) -> tuple[Array, Array]:
     """`token_logprobs` of rows whose T tokens are split over the mesh's "seq" axis: each seq
     device's T / seq tokens are chunked on their own, (N, seq, T / seq) -> chunks of
-    (N, seq, C), so that every chunk holds C tokens of every device and the logits are computed
-    where the hidden states are (no gather of the hidden states over "seq")."""
+    (N, seq, C), so that every chunk step holds C tokens of every device. The step gathers
+    its chunk, seq x C tokens, over "seq" and computes their logits on each device's slice of
+    the vocabulary, as the unsplit chunks do over "fsdp": the hidden states are gathered a
+    chunk at a time, never the whole row, and the LM head stays split (gathering it over "seq"
+    in place of the hidden states would hold V x D / (tensor x fsdp) of it, and of its f32
+    gradient, on every device: for Qwen3-8B on fsdp = 1 that is the whole head, 1.2 + 2.3 GiB).
+    Without this chunk order the compiler gathers every chunk at once: the whole row."""
     N, T, D = h_NTD.shape
     S = sharding.seq_shards(T)
     Ts = T // S
@@ -130,7 +135,7 @@ def _split_token_logprobs(
 
     chunk = jax.checkpoint(_chunk_logprobs, static_argnums=(3, 5), prevent_cse=False)
     logp_KNSC, entropy_KNSC = jax.lax.map(
-        lambda xs: chunk(params, xs[0], xs[1], cfg, temperature, 1), (h_KNSCD, targets_KNSC)
+        lambda xs: chunk(params, xs[0], xs[1], cfg, temperature, True), (h_KNSCD, targets_KNSC)
     )
 
     def unchunk(x_KNSC):
