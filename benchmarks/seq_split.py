@@ -2,6 +2,7 @@
 
 Command:
   python benchmarks/seq_split.py                                   # qwen3-8b, 2 layers, 16k
+  python benchmarks/seq_split.py --layers 36 --lengths 16384,32768  # all of its layers
   python benchmarks/seq_split.py --preset tiny --layers 2 --lengths 4096,8192
 
 Compiles (never runs) `jax.jit(jax.grad(loss))` of one row's teacher-forced log-probs
@@ -11,13 +12,22 @@ devices (`--devices`, default 8), for each mesh of `--meshes` (fsdp x seq; fsdp 
 seq). The first 512 tokens are the prompt (the first scored position, a multiple of every seq).
 Prints the compiler's per-device temporaries (`memory_analysis().temp_size_in_bytes`: the
 activations, checkpoints and gathered weights beyond the arguments and outputs) and the
-arguments (the parameters' and the row's shards). With seq = 1 the row cannot be split: every
-device holds its whole activations.
+arguments (the parameters' and the row's shards). With seq = 1 the row cannot be split over
+the rows; the compiler splits its residual stream on D over "fsdp" instead.
 
-Results (XLA:CPU, 2026-12-04):
+Results (XLA:CPU, 2026-12-04), quoted in docs/scaling.md:
 
-  python benchmarks/seq_split.py        (qwen3-8b, 2 of its 36 layers, bf16, 8 devices)
-  see the table printed by the command; docs/scaling.md quotes it.
+  python benchmarks/seq_split.py --layers 36 --lengths 16384,32768
+  qwen3-8b, 36 layers, bf16, one row, 8 devices
+        T  fsdp  seq   temp GiB   args GiB
+    16384     8    1      10.92       1.91
+    16384     4    2       8.06       1.91
+    16384     2    4       6.75       1.91
+    16384     1    8       6.57       1.91
+    32768     8    1      18.37       1.91
+    32768     4    2      12.63       1.91
+    32768     2    4       9.78       1.91
+    32768     1    8       8.65       1.91
 """
 
 from __future__ import annotations
