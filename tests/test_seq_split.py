@@ -369,3 +369,48 @@ def test_a_length_the_seq_axis_does_not_divide_is_a_config_error():
     settings = settings_lib.settings_from_config(config, check_devices=False)
     with pytest.raises(ConfigError, match="12 rows do not split over the mesh's data x fsdp x seq"):
         settings_lib.check_mesh(settings, 8)
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES[:2], ids=lambda m: "-".join(f"{k}{m[k]}" for k in m))
+def test_packed_update_log_probs_on_a_seq_mesh_equal_one_device(mesh_shape, monkeypatch):
+    """`packing.all_logprobs` (the packed update's forward: packed rows of 32 tokens, their
+    predicting positions gathered, the chunked log-probs) and its gradient."""
+    from rlvr_jax.rl import packing as packing_lib
+    from tests.rl import test_packing
+
+    cfg = test_packing.CFG.replace(attention="xla_blockwise", attention_block=4)
+    rollout = test_packing._rollout()
+    Pn = test_packing.P
+    prompt_lengths, mask = np.asarray(rollout.prompt_lengths_N), np.asarray(rollout.mask_NT)
+    plan = packing_lib.plan(
+        prompt_lengths, mask, Pn, length=32, group_size=test_packing.G, row_multiple=4, block=4
+    )
+    tokens = jnp.concatenate([rollout.prompt_NP, rollout.tokens_NT], axis=1)
+    valid = jnp.concatenate([rollout.prompt_NP > 0, rollout.mask_NT], axis=1)
+    positions = tf.positions_from_mask(valid)
+    weight = jax.random.uniform(jax.random.key(8), mask.shape) * mask
+    params = _params(cfg)
+
+    plan = jax.tree.map(jnp.asarray, plan)
+
+    def loss(params, plan):
+        logp, _ = packing_lib.all_logprobs(
+            params, tokens, positions, rollout.mask_NT, plan, cfg, 8, 1.0
+        )
+        return jnp.sum(logp * weight), logp
+
+    want = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, plan)
+    split_shapes, original = [], attention_lib.split_over_seq
+
+    def split_over_seq(local, q, *args):
+        split_shapes.append(q.shape)
+        return original(local, q, *args)
+
+    monkeypatch.setattr(attention_lib, "split_over_seq", split_over_seq)
+    mesh = sharding.make_mesh(sharding.MeshConfig(**mesh_shape))
+    shardings = sharding_plan.param_shardings(cfg, mesh, params)
+    with sharding.activation_mesh(mesh):
+        grad = jax.jit(jax.value_and_grad(loss, has_aux=True), in_shardings=(shardings, None))
+        got = grad(sharding.place(params, shardings), plan)
+    assert split_shapes and split_shapes[0][1] == 32
+    _assert_close(got, want)
