@@ -125,7 +125,7 @@ def test_the_config_has_a_mesh_section():
     from rlvr_jax.program import settings as settings_lib
 
     config = tiny.get_config()
-    assert dict(config.mesh) == {"data": 1, "fsdp": -1, "tensor": 1, "expert": 1}
+    assert dict(config.mesh) == {"data": 1, "fsdp": -1, "tensor": 1, "expert": 1, "seq": 1}
     config.mesh.tensor = 2
     assert settings_lib.settings_from_config(config).mesh == sharding.MeshConfig(1, -1, 2)
     config.mesh.data = -1
@@ -287,8 +287,14 @@ def test_the_expert_axis_of_the_mesh():
     cfg = sharding.MeshConfig(data=1, fsdp=-1, tensor=2, expert=2)
     assert cfg.axes == ("data", "fsdp", "expert", "tensor")
     assert cfg.shape(8) == (1, 2, 2, 2)
-    assert cfg.sizes(8) == {"data": 1, "fsdp": 2, "expert": 2, "tensor": 2}
-    assert sharding.MeshConfig().sizes(8) == {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
+    assert cfg.sizes(8) == {"data": 1, "fsdp": 2, "expert": 2, "tensor": 2, "seq": 1}
+    assert sharding.MeshConfig().sizes(8) == {
+        "data": 1,
+        "fsdp": 8,
+        "tensor": 1,
+        "expert": 1,
+        "seq": 1,
+    }
     with pytest.raises(ValueError, match="mesh.expert=0"):
         sharding.MeshConfig(expert=0)
     with pytest.raises(ValueError, match="expert=3"):

@@ -17,6 +17,11 @@ site by `resolve_attention` from `ModelConfig.attention`:
 * "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")` on NVIDIA GPUs.
 * "pallas": the splash attention kernel jax ships for TPUs, with segment ids for padding.
 
+Context parallelism (`split_over_seq`): a row whose tokens are split over the mesh's "seq"
+axis runs in a `shard_map`, each device's query chunk against the keys and values all-gathered
+over "seq"; the blockwise kernel takes the chunk's first key position as a traced
+`query_start` (the static `causal_offset` of the unsplit paths is unchanged).
+
 Fully masked query rows (a left-padding query) give a zero output, log-sum-exp `MASK_VALUE` and
 zero gradients, never NaN. Two attentions over disjoint key sets merge exactly through their
 log-sum-exps (`merge_attention`); the shared-prompt layout (`grouped_attention`) uses that, and
@@ -53,6 +58,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -240,12 +246,18 @@ def _block_scores(q_i: Array, k_j: Array, scale: float) -> Array:
     return _mm("bkgqd,bksd->bkgqs", q_i, k_j) * scale
 
 
-def _flash_forward(q, k, v, segs, offset, bq, bk):
+def _query_offset(offset: int | None, q_start: Array | None):
+    """The causal offset of queries that start at key `q_start` (traced; None: at key 0)."""
+    return offset if q_start is None or offset is None else offset + q_start
+
+
+def _flash_forward(q, k, v, segs, q_start, offset, bq, bk):
     """Output (B, K, G, Tp, Dh) in q's dtype and log-sum-exp (B, K, G, Tp) in f32."""
     # The barriers keep XLA from fusing the producers of the inputs (RoPE, transposes, padding)
     # into the block loops: they would be recomputed for every block, and differently in a
     # rematerialised forward than in the first one (remat then changed gradients by 1e-6).
     q, k, v, segs = jax.lax.optimization_barrier((q, k, v, segs))
+    offset = _query_offset(offset, q_start)
     B, K, G, Tp, Dh = q.shape
     nq, nk = Tp // bq, k.shape[2] // bk
     scale = 1.0 / math.sqrt(Dh)
@@ -292,9 +304,10 @@ def _flash_forward(q, k, v, segs, offset, bq, bk):
     return jax.lax.fori_loop(0, nq, query_block, init)
 
 
-def _flash_backward(q, k, v, segs, out, lse, d_out, d_lse, offset, bq, bk):
+def _flash_backward(q, k, v, segs, q_start, out, lse, d_out, d_lse, offset, bq, bk):
     """dq, dk, dv: an outer loop over key blocks, an inner one over the query blocks that see
     them; probabilities are recomputed from the saved log-sum-exp."""
+    offset = _query_offset(offset, q_start)
     B, K, G, Tp, Dh = q.shape
     nq, nk = Tp // bq, k.shape[2] // bk
     scale = 1.0 / math.sqrt(Dh)
@@ -345,21 +358,23 @@ def _flash_backward(q, k, v, segs, out, lse, d_out, d_lse, offset, bq, bk):
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _flash(q, k, v, segs, offset, bq, bk):
-    return _flash_forward(q, k, v, segs, offset, bq, bk)
+# q_start (None, or a traced int32 scalar) moves the queries to keys q_start ...: a chunk of a
+# row split over the "seq" axis (`split_over_seq`). `offset` stays static.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _flash(q, k, v, segs, q_start, offset, bq, bk):
+    return _flash_forward(q, k, v, segs, q_start, offset, bq, bk)
 
 
-def _flash_fwd(q, k, v, segs, offset, bq, bk):
-    out, lse = _flash_forward(q, k, v, segs, offset, bq, bk)
-    return (out, lse), (q, k, v, segs, out, lse)
+def _flash_fwd(q, k, v, segs, q_start, offset, bq, bk):
+    out, lse = _flash_forward(q, k, v, segs, q_start, offset, bq, bk)
+    return (out, lse), (q, k, v, segs, q_start, out, lse)
 
 
 def _flash_bwd(offset, bq, bk, res, cotangents):
-    q, k, v, segs, out, lse = jax.lax.optimization_barrier(res)  # see `_flash_forward`
+    q, k, v, segs, q_start, out, lse = jax.lax.optimization_barrier(res)  # see `_flash_forward`
     d_out, d_lse = cotangents
-    dq, dk, dv = _flash_backward(q, k, v, segs, out, lse, d_out, d_lse, offset, bq, bk)
-    return dq, dk, dv, (None,) * len(segs)
+    dq, dk, dv = _flash_backward(q, k, v, segs, q_start, out, lse, d_out, d_lse, offset, bq, bk)
+    return dq, dk, dv, (None,) * len(segs), None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -384,6 +399,7 @@ def blockwise_attention(
     block_q: int = 512,
     block_k: int = 512,
     segments: tuple[Array, Array] | None = None,
+    query_start: Array | None = None,
 ) -> tuple[Array, Array]:
     """Grouped-query attention with an online softmax over key blocks; no (T, S) array.
 
@@ -395,6 +411,10 @@ def blockwise_attention(
       block_q, block_k: block sizes (static); they need not divide T or S (inputs are padded).
       segments: (q_seg_BT, k_seg_BS) int32 for packed rows (several sequences in one row): a
         query sees only the real keys `segment_visible` allows. None: every query one segment.
+        With `query_start`, the first is the whole row's, (B, S).
+      query_start: None, or a traced int32 scalar: the queries are the T tokens of the S keys'
+        row from key `query_start` on (one device's chunk of a row split over the "seq" axis,
+        `split_over_seq`), so query i sees key j iff j <= i + query_start + causal_offset.
 
     Returns:
       out_BTHd in q's dtype (zero for a query that sees no key) and the log-sum-exp of its
@@ -407,13 +427,22 @@ def blockwise_attention(
     q = q_BTHd.reshape(B, T, K, H // K, Dh).transpose(0, 2, 3, 1, 4)
     k, v = (x.transpose(0, 2, 1, 3) for x in (k_BSKd, v_BSKd))
     q, k, v = _pad_axis(q, 3, Tp), _pad_axis(k, 2, Sp), _pad_axis(v, 2, Sp)
+    bounds = None
+    if query_start is not None and segments is not None:
+        # A chunk of a packed row: the bounds (key positions) come from the whole row.
+        take = lambda x: jax.lax.dynamic_slice_in_dim(x, query_start, T, axis=1)  # noqa: E731
+        if causal_offset == 0:
+            bounds = _pad_axis(take(_packed_bounds(segments[0].astype(jnp.int32))), 1, Tp)
+        segments = (take(segments[0]), segments[1])
     segs = _segments(valid_BS, segments, T)
     segs = (_pad_axis(segs[0], 1, Tp), _pad_axis(segs[1], 1, Sp))
-    if segments is not None and causal_offset == 0 and T == S:
+    if query_start is None and segments is not None and causal_offset == 0 and T == S:
         # Packed rows: a query block loops over the key blocks of its sequences' prefixes and
         # its own branches only, not over the whole causal prefix of the row.
-        segs = (*segs, _packed_bounds(segs[0]))
-    out, lse = _flash(q, k, v, segs, causal_offset, bq, bk)
+        bounds = _packed_bounds(segs[0])
+    if bounds is not None:
+        segs = (*segs, bounds)
+    out, lse = _flash(q, k, v, segs, query_start, causal_offset, bq, bk)
     out_BTHd = out[:, :, :, :T].transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
     return out_BTHd, lse[:, :, :, :T].transpose(0, 3, 1, 2).reshape(B, T, H)
 
@@ -449,21 +478,88 @@ def grouped_attention(
     prompt_valid_BP: Array,
     completion_valid_NT: Array,
     block: int = 512,
+    query_start: Array | None = None,
 ) -> Array:
     """Blockwise `transformer._grouped_attention`: completion row n = b * G + g over prompt b's
     real keys and its own causal prefix, one softmax over both.
 
     The prompt part runs the G completions of a prompt as one (G * T)-row query sequence against
     that prompt's keys, so the prompt keys are read per group and never repeated G times; the two
-    parts are merged through their log-sum-exps.
+    parts are merged through their log-sum-exps. With `query_start` (`blockwise_attention`),
+    the queries are a chunk of the completions, whose keys and validity are whole, (N, S, ...).
     """
     N, T, H, Dh = q_NTHd.shape
     B = kp_BPKd.shape[0]
     q_BMHd = q_NTHd.reshape(B, (N // B) * T, H, Dh)
     prompt = blockwise_attention(q_BMHd, kp_BPKd, vp_BPKd, prompt_valid_BP, None, block, block)
-    own = blockwise_attention(q_NTHd, kc_NTKd, vc_NTKd, completion_valid_NT, 0, block, block)
+    own = blockwise_attention(
+        q_NTHd, kc_NTKd, vc_NTKd, completion_valid_NT, 0, block, block, query_start=query_start
+    )
     prompt = (prompt[0].reshape(N, T, H, Dh), prompt[1].reshape(N, T, H))
     return merge_attention([prompt, own])[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Context parallelism: a row split over the "seq" axis
+
+# local(q_BTHd, k_BSKd, v_BSKd, keys, whole, query_start) -> out_BTHd: one device's attention,
+# its T queries the S keys' tokens from `query_start` on; `keys` as gathered (B, S, ...).
+LocalAttend = Callable[..., Array]
+
+
+def split_over_seq(
+    local: LocalAttend,
+    q_BTHd: Array,
+    k_BTKd: Array,
+    v_BTKd: Array,
+    keys: tuple[Array, ...] = (),
+    whole: tuple[Array, ...] = (),
+) -> Array:
+    """Self-attention of rows whose T tokens are split over the mesh's "seq" axis
+    (`sharding.constrain_tokens`), one `shard_map` over the mesh: rows over the other row
+    axes, T over "seq", heads over "tensor" where it divides both head counts.
+
+    Each device holds its chunk of T / seq queries and all-gathers the keys, the values and the
+    key-side `keys` arrays ((B, T, ...): validity, segment ids) over "seq"; autodiff turns the
+    gathers into reduce-scatters of dK and dV. `local` runs the chunk's attention with
+    `query_start` = its index on "seq" x T / seq, the first query's key position. `whole`
+    arrays (a shared prompt's keys (B, P, K, Dh), values and validity (B, P)) stay whole on
+    every seq device: they must split over the rows as the queries do.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    P = jax.sharding.PartitionSpec
+    seq = sharding.SEQ_AXIS
+    B, _, H, _ = q_BTHd.shape
+    t = mesh.shape.get("tensor", 1)
+    heads = "tensor" if t > 1 and H % t == 0 and k_BTKd.shape[2] % t == 0 else None
+    rows = sharding.token_rows(B)
+
+    def spec(x: Array, split: bool) -> jax.sharding.PartitionSpec:
+        if sharding.token_rows(x.shape[0]) != rows:
+            raise ValueError(
+                f"split_over_seq: an array of {x.shape[0]} rows splits over the mesh unlike "
+                f"the {B} rows of the queries"
+            )
+        return P(rows, seq if split else None, *([heads] if x.ndim == 4 else []))
+
+    def per_device(q, k, v, keys, whole):
+        query_start = jax.lax.axis_index(seq) * q.shape[1]
+        gather = lambda x: jax.lax.all_gather(x, seq, axis=1, tiled=True)  # noqa: E731
+        keys = tuple(gather(x) for x in keys)
+        return local(q, gather(k), gather(v), keys, whole, query_start)
+
+    qkv = tuple(spec(x, True) for x in (q_BTHd, k_BTKd, v_BTKd))
+    in_specs = (*qkv, tuple(spec(x, True) for x in keys), tuple(spec(x, False) for x in whole))
+    call = jax.shard_map(per_device, in_specs=in_specs, out_specs=qkv[0], check_vma=False)
+    return call(q_BTHd, k_BTKd, v_BTKd, keys, whole)
+
+
+def causal_chunk_mask(valid_BS: Array, num_queries: int, query_start: Array) -> Array:
+    """(B, T, S) mask of `num_queries` queries from key `query_start` on: the real keys of
+    their causal prefix (the dense reference's mask, for one chunk of a split row)."""
+    S = valid_BS.shape[1]
+    rows = query_start + jnp.arange(num_queries)
+    return (jnp.arange(S)[None, :] <= rows[:, None])[None] & valid_BS[:, None, :]
 
 
 # ---------------------------------------------------------------------------------------------

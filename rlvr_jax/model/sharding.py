@@ -1,26 +1,31 @@
 """The device mesh and every sharding of the RL step, from one table of logical axis names.
 
-The mesh has three axes, ("data", "fsdp", "tensor"), sized by `MeshConfig`, and a fourth,
-"expert", between "fsdp" and "tensor" when `MeshConfig.expert` > 1 (expert parallelism of a
-mixture-of-experts model). Parameters declare logical axis names (`transformer.logical_axes`);
-`RULES` maps each name to mesh axes (an axis the mesh lacks is left out):
+The mesh has three axes, ("data", "fsdp", "tensor"), sized by `MeshConfig`, and up to two
+more between "fsdp" and "tensor": "seq" when `MeshConfig.seq` > 1 (context parallelism: one
+long row's tokens split over devices in the update's forward and backward, see below), then
+"expert" when `MeshConfig.expert` > 1 (expert parallelism of a mixture-of-experts model).
+Parameters declare logical axis names (`transformer.logical_axes`); `RULES` maps each name to
+mesh axes (an axis the mesh lacks is left out):
 
 ==========  ==================  =============================================================
 logical     mesh axes           why
 ==========  ==================  =============================================================
 batch       ("data", "fsdp",    rows (prompts x samples): data and FSDP parallelism both split
-            "expert")           the batch; FSDP additionally splits the weights' embed axis;
-                                the expert axis is data parallelism for all but the experts
+            "seq", "expert")    the batch; FSDP additionally splits the weights' embed axis;
+                                the expert axis is data parallelism for all but the experts;
+                                the seq axis splits the rollout's rows, and a full forward's
+                                tokens in place of rows (`constrain_tokens`)
 expert      "expert"            an MoE layer's experts (`model/moe.py`): each device of the
                                 expert axis holds E / expert of them, FSDP-split on D and
                                 tensor-split on their inner width like the dense MLP
-embed       "fsdp"              ZeRO-3 style: every layer's weight matrix is split on its D
-                                axis and all-gathered per layer inside the scan
+embed       ("fsdp", "seq")     ZeRO-3 style: every layer's weight matrix is split on its D
+                                axis and all-gathered per layer inside the scan (the seq
+                                devices would otherwise hold replicas)
 q_heads,    "tensor"            Megatron-style tensor parallelism: attention heads and the
 kv_heads,                       MLP's inner axis are split, so the big matmuls need one
 mlp                             reduction each
-vocab       ("tensor", "fsdp")  the embedding and the LM head are split on V over both axes
-                                and never gathered (their D axis stays whole); see below
+vocab       ("tensor", "fsdp",  the embedding and the LM head are split on V over these axes
+            "seq")              and never gathered (their D axis stays whole); see below
 layers,     (none)              the layer scan and the per-head width stay whole
 head_dim
 ==========  ==================  =============================================================
@@ -56,7 +61,10 @@ programs (`train_step.build_*`):
 * activations: the model constrains its residual stream to rows over "batch" at every layer
   boundary and the log-prob chunks' logits to V over "vocab" (`constrain_rows`,
   `constrain_vocab`, active while `build_*` traces under `activation_mesh`); the compiler
-  propagates everything else.
+  propagates everything else. On a mesh with a seq axis a full forward (not decode or
+  prefill) constrains its residual stream to T over "seq" and its rows over the other batch
+  axes (`constrain_tokens`, where seq divides T), and its attention gathers the keys over
+  "seq" (`attention.split_over_seq`); docs/scaling.md says why and what is not done.
 
 Rollout layout. The sampler runs on the training layout: the same parameter buffers, FSDP-split,
 with no resharding between rollout and update. The price is that each decode step all-gathers
@@ -90,14 +98,15 @@ from rlvr_jax.model.config import ModelConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 EXPERT_AXIS = "expert"
+SEQ_AXIS = "seq"
 RULES: Mapping[str, tuple[str, ...]] = {
-    "batch": ("data", "fsdp", EXPERT_AXIS),
+    "batch": ("data", "fsdp", SEQ_AXIS, EXPERT_AXIS),
     "expert": (EXPERT_AXIS,),
-    "embed": ("fsdp",),
+    "embed": ("fsdp", SEQ_AXIS),
     "q_heads": ("tensor",),
     "kv_heads": ("tensor",),
     "mlp": ("tensor",),
-    "vocab": ("tensor", "fsdp"),
+    "vocab": ("tensor", "fsdp", SEQ_AXIS),
     "layers": (),
     "head_dim": (),
 }
@@ -113,6 +122,9 @@ class MeshConfig:
       tensor: attention heads, MLP and vocabulary split.
       expert: an MoE model's experts split (expert parallelism), rows split as by "data"; at
         1 (the default) the mesh has no expert axis.
+      seq: context parallelism: a full forward's token axis T split (one long row over several
+        devices, `constrain_tokens`), the weights split with "fsdp", and the rollout's rows
+        split as by "data"; at 1 (the default) the mesh has no seq axis.
       One of data, fsdp, tensor may be -1: it takes the devices the others leave.
     """
 
@@ -120,14 +132,17 @@ class MeshConfig:
     fsdp: int = -1
     tensor: int = 1
     expert: int = 1
+    seq: int = 1
 
     def __post_init__(self):
         for name in MESH_AXES:
             value = getattr(self, name)
             if value != -1 and value < 1:
                 raise ValueError(f"mesh.{name}={value} must be positive or -1 (the remainder)")
-        if isinstance(self.expert, bool) or not isinstance(self.expert, int) or self.expert < 1:
-            raise ValueError(f"mesh.expert={self.expert!r} must be an integer >= 1")
+        for name in (EXPERT_AXIS, SEQ_AXIS):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"mesh.{name}={value!r} must be an integer >= 1")
         if sum(getattr(self, n) == -1 for n in MESH_AXES) > 1:
             raise ValueError(
                 f"mesh: at most one axis may be -1; got data={self.data}, fsdp={self.fsdp}, "
@@ -136,13 +151,14 @@ class MeshConfig:
 
     @property
     def axes(self) -> tuple[str, ...]:
-        """The mesh's axis names, in order: "expert" between "fsdp" and "tensor" when used."""
-        if self.expert == 1:
-            return MESH_AXES
-        return ("data", "fsdp", EXPERT_AXIS, "tensor")
+        """The mesh's axis names, in order: "seq" and then "expert" between "fsdp" and "tensor"
+        when used."""
+        used = tuple(a for a in (SEQ_AXIS, EXPERT_AXIS) if getattr(self, a) > 1)
+        return ("data", "fsdp", *used, "tensor")
 
     def _described(self) -> str:
-        more = f", expert={self.expert}" if self.expert > 1 else ""
+        used = (a for a in (SEQ_AXIS, EXPERT_AXIS) if getattr(self, a) > 1)
+        more = "".join(f", {a}={getattr(self, a)}" for a in used)
         return f"data={self.data}, fsdp={self.fsdp}, tensor={self.tensor}{more}"
 
     def shape(self, num_devices: int) -> tuple[int, ...]:
@@ -167,13 +183,14 @@ class MeshConfig:
         return tuple(sizes)
 
     def sizes(self, num_devices: int) -> dict[str, int]:
-        """`shape` by axis name, "expert" included (1 when the mesh has none)."""
-        return {EXPERT_AXIS: 1, **dict(zip(self.axes, self.shape(num_devices), strict=True))}
+        """`shape` by axis name, "expert" and "seq" included (1 when the mesh has none)."""
+        sizes = dict(zip(self.axes, self.shape(num_devices), strict=True))
+        return {EXPERT_AXIS: 1, SEQ_AXIS: 1, **sizes}
 
 
 def make_mesh(cfg: MeshConfig = MeshConfig(), devices: Sequence[Any] | None = None) -> Mesh:
     """The ("data", "fsdp", "tensor") mesh over `devices` (default: all, of every process), with
-    "expert" before "tensor" when `cfg.expert` > 1.
+    "seq" and "expert" before "tensor" when `cfg.seq` or `cfg.expert` > 1.
 
     The axes are `AxisType.Auto`: the compiler propagates shardings between the ones set here.
     (With `Explicit` axes, the default of `jax.make_mesh`, the embedding gather fails on a
@@ -281,6 +298,53 @@ def constrain_rows(x: jax.Array) -> jax.Array:
         return x
     spec = logical_spec(("batch",), (x.shape[0],), mesh)
     return x if spec == P() else jax.lax.with_sharding_constraint(x, spec)
+
+
+def seq_shards(num_tokens: int) -> int:
+    """How many devices `constrain_tokens` splits a full forward's T = `num_tokens` tokens over:
+    the "seq" axis of the mesh set by `activation_mesh` when it divides T, else 1 (no mesh, no
+    seq axis, or a T it does not divide: then the rows take the axis, as in the rollout)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if not has_row_axes(mesh):
+        return 1
+    seq = mesh.shape.get(SEQ_AXIS, 1)
+    return seq if seq > 1 and num_tokens % seq == 0 else 1
+
+
+def token_rows(num_rows: int) -> str | tuple[str, ...] | None:
+    """The PartitionSpec entry of the rows of a token-split activation (`constrain_tokens`):
+    the "batch" axes but "seq" (None: whole)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    rules = {**RULES, "batch": tuple(a for a in RULES["batch"] if a != SEQ_AXIS)}
+    spec = logical_spec(("batch",), (num_rows,), mesh, rules)
+    return spec[0] if len(spec) else None
+
+
+def constrain_tokens(x: jax.Array) -> jax.Array:
+    """`x` (rows, T, ...) of a full forward with T split over "seq" and the rows over the other
+    "batch" axes, where `seq_shards(T)` > 1; `constrain_rows(x)` otherwise.
+
+    The model calls it in place of `constrain_rows` at the layer boundaries of a full pass
+    (training's forward, not decode, whose T is 1): one long row is then split over the seq
+    devices, its activations and remat checkpoints included (context parallelism; the
+    attention gathers the keys, `attention.split_over_seq`).
+    """
+    if seq_shards(x.shape[1]) == 1:
+        return constrain_rows(x)
+    rows = token_rows(x.shape[0])
+    return jax.lax.with_sharding_constraint(x, P(rows, SEQ_AXIS, *_spare_embed(rows, x)))
+
+
+def _spare_embed(rows: str | tuple[str, ...] | None, x: jax.Array) -> tuple:
+    """The last axis's entry of a token-split activation: the row axes its rows leave unused
+    (too few rows, e.g. one long row), where they divide it, else nothing."""
+    if x.ndim < 3:
+        return ()
+    mesh = jax.sharding.get_abstract_mesh()
+    used = set() if rows is None else {rows} if isinstance(rows, str) else set(rows)
+    rules = {"embed": tuple(a for a in RULES["batch"] if a not in used and a != SEQ_AXIS)}
+    spec = logical_spec((*(None,) * (x.ndim - 1), "embed"), x.shape, mesh, rules)
+    return (spec[-1],) if len(spec) == x.ndim else ()
 
 
 def has_row_axes(mesh: Any) -> bool:

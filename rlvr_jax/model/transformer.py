@@ -8,6 +8,8 @@ depth. The same `forward` serves training (no cache), prefill (cache, T prompt t
 Attention: training forwards (`hidden_states` without a cache, `grouped_hidden_states`) run the
 implementation `cfg.attention` resolves to (`attention.resolve_attention`): blockwise or a fused
 kernel, with no (T, S) mask or score array, or "dense", the reference `attention` below.
+On a mesh with a "seq" axis a full pass splits its tokens over it (`sharding.constrain_tokens`)
+and its attention gathers the keys (`attention.split_over_seq`); decode and prefill split rows.
 Prefill with a cache stays dense: prompts are short, its keys include cache slots and its causal
 offset (the write index) is traced.
 
@@ -361,6 +363,8 @@ def _self_attend(valid_BT: Array, cfg: ModelConfig, segment_ids_BT: Array | None
     within each token's segment where `segment_ids_BT` packs several sequences in a row."""
     layout = "causal" if segment_ids_BT is None else "packed"
     impl = attention_lib.resolve_attention(cfg, layout=layout)
+    if sharding.seq_shards(valid_BT.shape[1]) > 1:
+        return _split_self_attend(valid_BT, cfg, segment_ids_BT, impl == "dense")
     if impl == "dense":
         T = valid_BT.shape[1]
         mask_BTS = jnp.tril(jnp.ones((T, T), bool))[None] & valid_BT[:, None, :]
@@ -372,6 +376,33 @@ def _self_attend(valid_BT: Array, cfg: ModelConfig, segment_ids_BT: Array | None
     return lambda q, k, v: attention_lib.causal_attention(
         q, k, v, valid_BT, impl, block, segment_ids_BT
     )
+
+
+def _split_self_attend(
+    valid_BT: Array, cfg: ModelConfig, segment_ids_BT: Array | None, dense: bool
+) -> Attend:
+    """`_self_attend` of rows whose tokens are split over the mesh's "seq" axis: each device's
+    query chunk attends to the keys gathered from the whole row (`attention.split_over_seq`),
+    by the dense reference or else blockwise (the fused kernels take no query offset)."""
+    keys = (valid_BT,) if segment_ids_BT is None else (valid_BT, segment_ids_BT)
+
+    def local(q, k, v, keys, whole, query_start):
+        del whole
+        T = q.shape[1]
+        seg_BS = keys[1] if len(keys) > 1 else None
+        if dense:
+            mask_BTS = attention_lib.causal_chunk_mask(keys[0], T, query_start)
+            if seg_BS is not None:
+                q_seg_BT = jax.lax.dynamic_slice_in_dim(seg_BS, query_start, T, axis=1)
+                mask_BTS &= attention_lib.segment_visible(q_seg_BT[:, :, None], seg_BS[:, None])
+            return attention(q, k, v, mask_BTS, cfg)
+        block = cfg.attention_block
+        segments = None if seg_BS is None else (seg_BS, seg_BS)
+        return attention_lib.blockwise_attention(
+            q, k, v, keys[0], 0, block, block, segments, query_start=query_start
+        )[0]
+
+    return lambda q, k, v: attention_lib.split_over_seq(local, q, k, v, keys)
 
 
 def _layer(
@@ -525,13 +556,14 @@ def _decoder(
         attend = lambda q, k, v: attention(q, k, v, mask_BTS, cfg)  # noqa: E731
 
     rope = rope_tables(positions_BT, cfg, dt)
+    # A full pass may split its tokens over the mesh's "seq" axis; decode and prefill split
+    # rows only (their T is one token or a short prompt).
+    constrain = sharding.constrain_rows if cache is not None else sharding.constrain_tokens
 
     def body(x, xs):
         w, kv, ad = xs
-        x, kv, routed = _layer(
-            sharding.constrain_rows(x), w, rope, attend, kv, write_index, cfg, ad
-        )
-        return sharding.constrain_rows(x), (kv, routed)
+        x, kv, routed = _layer(constrain(x), w, rope, attend, kv, write_index, cfg, ad)
+        return constrain(x), (kv, routed)
 
     if cfg.remat:
         body = jax.checkpoint(body, prevent_cse=False)
@@ -561,15 +593,16 @@ def _grouped_attention(
     N, T, H, Dh = q_NTHd.shape
     B, P, K, _ = kp_BPKd.shape
     G = N // B
+    S = kc_NTKd.shape[1]  # T, or the whole row's keys for a chunk of a seq-split row
     q = q_NTHd.reshape(B, G, T, K, H // K, Dh)
-    kc = kc_NTKd.reshape(B, G, T, K, Dh)
-    vc = vc_NTKd.reshape(B, G, T, K, Dh)
+    kc = kc_NTKd.reshape(B, G, S, K, Dh)
+    vc = vc_NTKd.reshape(B, G, S, K, Dh)
     f32 = jnp.float32
     scale = 1.0 / math.sqrt(Dh)
     s_prompt = jnp.einsum("bgtkhd,bpkd->bgkhtp", q, kp_BPKd, preferred_element_type=f32) * scale
     s_self = jnp.einsum("bgtkhd,bgskd->bgkhts", q, kc, preferred_element_type=f32) * scale
     s_prompt = jnp.where(prompt_mask_BP[:, None, None, None, None, :], s_prompt, _MASK_VALUE)
-    s_self = jnp.where(mask_NTT.reshape(B, G, 1, 1, T, T), s_self, _MASK_VALUE)
+    s_self = jnp.where(mask_NTT.reshape(B, G, 1, 1, T, S), s_self, _MASK_VALUE)
     scores = jnp.concatenate([s_prompt, s_self], axis=-1)
     probs = jax.nn.softmax(scores, axis=-1).astype(vc.dtype)
     out = jnp.einsum("bgkhtp,bpkd->bgtkhd", probs[..., :P], vp_BPKd)
@@ -579,7 +612,10 @@ def _grouped_attention(
 
 def _grouped_attend(prompt_mask_BP: Array, completion_mask_NT: Array, cfg: ModelConfig):
     """`attend(q, kp, vp, kc, vc)` of the completions over their prompts and own prefixes."""
-    if attention_lib.resolve_attention(cfg, layout="grouped") == "dense":
+    dense = attention_lib.resolve_attention(cfg, layout="grouped") == "dense"
+    if sharding.seq_shards(completion_mask_NT.shape[1]) > 1:
+        return _split_grouped_attend(prompt_mask_BP, completion_mask_NT, cfg, dense)
+    if dense:
         T = completion_mask_NT.shape[1]
         mask_NTT = jnp.tril(jnp.ones((T, T), bool))[None] & completion_mask_NT[:, None, :]
         return lambda q, kp, vp, kc, vc: _grouped_attention(
@@ -589,6 +625,36 @@ def _grouped_attend(prompt_mask_BP: Array, completion_mask_NT: Array, cfg: Model
     return lambda q, kp, vp, kc, vc: attention_lib.grouped_attention(
         q, kp, vp, kc, vc, prompt_mask_BP, completion_mask_NT, block
     )
+
+
+def _split_grouped_attend(
+    prompt_mask_BP: Array, completion_mask_NT: Array, cfg: ModelConfig, dense: bool
+):
+    """`_grouped_attend` of completions whose tokens are split over the mesh's "seq" axis: the
+    completions' keys are gathered (`attention.split_over_seq`), the prompts' stay whole on
+    every seq device (prompts are short)."""
+    block = cfg.attention_block
+
+    def local(q, kc, vc, keys, whole, query_start):
+        (valid_NS,) = keys
+        kp, vp, prompt_mask = whole
+        if dense:
+            mask_NTS = attention_lib.causal_chunk_mask(valid_NS, q.shape[1], query_start)
+            return _grouped_attention(q, kp, vp, kc, vc, prompt_mask, mask_NTS, cfg)
+        return attention_lib.grouped_attention(
+            q, kp, vp, kc, vc, prompt_mask, valid_NS, block, query_start=query_start
+        )
+
+    def attend(q, kp, vp, kc, vc):
+        N, B = q.shape[0], kp.shape[0]
+        prompt = (kp, vp, prompt_mask_BP)
+        if sharding.token_rows(B) != sharding.token_rows(N):
+            # The prompts split over the rows unlike their completions: each completion row
+            # takes its own copy of its prompt's keys (small next to the completions').
+            prompt = tuple(jnp.repeat(x, N // B, axis=0) for x in prompt)
+        return attention_lib.split_over_seq(local, q, kc, vc, (completion_mask_NT,), prompt)
+
+    return attend
 
 
 def grouped_hidden_states(
@@ -666,7 +732,7 @@ def grouped_routed_hidden_states(
     x_p, x_c = params.embed[prompt_BP].astype(dt), params.embed[completion_NT].astype(dt)
     final = lambda x: rms_norm(x, params.final_norm, cfg.norm_eps)  # noqa: E731
 
-    if sharding.rows_split_alike(B, N):
+    if sharding.seq_shards(T) == 1 and sharding.rows_split_alike(B, N):
         # Each group as one packed sequence, its prompt then its G completions: the projections
         # and the MLP run once over all of them, one matmul per weight, and only the attention
         # sees the parts. Two separate streams compile to about twice the program
@@ -700,17 +766,18 @@ def grouped_routed_hidden_states(
         return *unpack(final(x)), routed_p, routed_c
 
     # Prompt and completion rows split differently over the mesh (B prompts do not divide over
-    # its row axes but N rows do): two streams, each row-split its own way.
+    # its row axes but N rows do), or the completions' tokens split over its "seq" axis: two
+    # streams, each split its own way.
     def body(carry, xs):
         w, ad = xs
-        xp, xc = (sharding.constrain_rows(x) for x in carry)
+        xp, xc = (sharding.constrain_tokens(x) for x in carry)
         qp, kp, vp = _qkv(xp, w, rope_p, cfg, ad)
         qc, kc, vc = _qkv(xc, w, rope_c, cfg, ad)
         attn_p = attend_p(qp, kp, vp)
         attn_c = attend_c(qc, kp, vp, kc, vc)
         xp, routed_p = _out_and_routed_mlp(xp, attn_p, w, cfg, ad)
         xc, routed_c = _out_and_routed_mlp(xc, attn_c, w, cfg, ad)
-        return (sharding.constrain_rows(xp), sharding.constrain_rows(xc)), (routed_p, routed_c)
+        return (sharding.constrain_tokens(xp), sharding.constrain_tokens(xc)), (routed_p, routed_c)
 
     if cfg.remat:
         body = jax.checkpoint(body, prevent_cse=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from pathlib import Path
@@ -428,6 +429,7 @@ def settings_from_config(config: Any, check_devices: bool = True) -> Settings:
             "LoRA use rl.critic.kind='head'"
         )
     check_hub_splits(s.data)
+    check_seq_split(s)
     if s.train.stage == "rl" and check_devices:
         check_mesh(s, jax.device_count())
     return s
@@ -455,15 +457,37 @@ def check_mesh(s: Settings, num_devices: int) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     rows = s.train.batch_prompts * s.rl.group_size
-    data, fsdp, expert = sizes["data"], sizes["fsdp"], sizes["expert"]
-    if rows % (data * fsdp * expert):
-        across = f"data x fsdp = {data} x {fsdp}"
-        if expert > 1:
-            across = f"data x fsdp x expert = {data} x {fsdp} x {expert}"
+    names = ["data", "fsdp"] + [a for a in ("seq", "expert") if sizes[a] > 1]
+    if rows % math.prod(sizes[a] for a in names):
+        across = f"{' x '.join(names)} = {' x '.join(str(sizes[a]) for a in names)}"
         raise ConfigError(
             f"train.batch_prompts={s.train.batch_prompts} x rl.group_size={s.rl.group_size} = "
             f"{rows} rows do not split over the mesh's {across} devices"
         )
+
+
+def check_seq_split(s: Settings) -> None:
+    """Raises ConfigError unless `mesh.seq` divides every length the update splits over it:
+    the prompt buckets and `rl.sampler.max_new_tokens` (so the rows, prompt + answer, and the
+    answers alone), the attention block and `rl.pack_length` (the packed rows' lengths).
+    A forward whose length the axis does not divide would split its rows instead, silently
+    losing the memory the axis is for."""
+    seq = s.mesh.seq
+    if seq == 1:
+        return
+    lengths = {
+        "rl.sampler.max_new_tokens": s.rl.sampler.max_new_tokens,
+        "model.attention_block": s.model.attention_block,
+        **{f"data.buckets[{i}]": b for i, b in enumerate(s.data.buckets)},
+    }
+    if s.rl.pack_length:
+        lengths["rl.pack_length"] = s.rl.pack_length
+    for name, length in lengths.items():
+        if length % seq:
+            raise ConfigError(
+                f"{name}={length} is not a multiple of mesh.seq={seq}: the update splits each "
+                f"row's tokens over mesh.seq; make it a multiple of {seq} or lower mesh.seq"
+            )
 
 
 SETTINGS_FILE = "settings.json"
@@ -531,6 +555,7 @@ RESUME_FREE = frozenset(
         "mesh.fsdp",
         "mesh.tensor",
         "mesh.expert",
+        "mesh.seq",
     }
 )
 

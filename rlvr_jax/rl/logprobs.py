@@ -27,10 +27,22 @@ Array = jax.Array
 
 
 def _chunk_logprobs(
-    params: Params, h_NCD: Array, targets_NC: Array, cfg: ModelConfig, temperature: Array
+    params: Params,
+    h_NCD: Array,
+    targets_NC: Array,
+    cfg: ModelConfig,
+    temperature: Array,
+    seq_chunks: bool = False,
 ) -> tuple[Array, Array]:
-    """Log-prob of each target and the entropy (both (N, C) f32) for one chunk of C steps."""
-    logits_NCV = sharding.constrain_vocab(logits_from_hidden(params, h_NCD, cfg)) / temperature
+    """Log-prob of each target and the entropy (both (N, C) f32) for one chunk of C steps;
+    with `seq_chunks`, h is (N, seq, C, D), a chunk of each seq device's tokens, and the
+    results (N, seq, C)."""
+    if seq_chunks:
+        N, S, C, D = h_NCD.shape
+        logits = logits_from_hidden(params, h_NCD.reshape(N, S * C, D), cfg).reshape(N, S, C, -1)
+    else:
+        logits = logits_from_hidden(params, h_NCD, cfg)
+    logits_NCV = sharding.constrain_vocab(logits) / temperature
     lse_NC = jax.nn.logsumexp(logits_NCV, axis=-1)
     target_logit_NC = jnp.take_along_axis(logits_NCV, targets_NC[..., None], axis=-1)[..., 0]
     logp_NCV = logits_NCV - lse_NC[..., None]
@@ -71,6 +83,8 @@ def token_logprobs(
     if chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size} must be >= 1")
     N, T, D = h_NTD.shape
+    if sharding.seq_shards(T) > 1:
+        return _split_token_logprobs(params, h_NTD, targets_NT, cfg, chunk_size, temperature)
     C = min(chunk_size, T)
     num_chunks = -(-T // C)
     pad = num_chunks * C - T
@@ -88,6 +102,47 @@ def token_logprobs(
     )
     unchunk = lambda x_KNC: x_KNC.transpose(1, 0, 2).reshape(N, num_chunks * C)[:, :T]  # noqa: E731
     return unchunk(logp_KNC), unchunk(entropy_KNC)
+
+
+def _split_token_logprobs(
+    params: Params,
+    h_NTD: Array,
+    targets_NT: Array,
+    cfg: ModelConfig,
+    chunk_size: int,
+    temperature: float | Array,
+) -> tuple[Array, Array]:
+    """`token_logprobs` of rows whose T tokens are split over the mesh's "seq" axis: each seq
+    device's T / seq tokens are chunked on their own, (N, seq, T / seq) -> chunks of
+    (N, seq, C), so that every chunk step holds C tokens of every device. The step gathers
+    its chunk, seq x C tokens, over "seq" and computes their logits on each device's slice of
+    the vocabulary, as the unsplit chunks do over "fsdp": the hidden states are gathered a
+    chunk at a time, never the whole row, and the LM head stays split (gathering it over "seq"
+    in place of the hidden states would hold V x D / (tensor x fsdp) of it, and of its f32
+    gradient, on every device: for Qwen3-8B on fsdp = 1 that is the whole head, 1.2 + 2.3 GiB).
+    Without this chunk order the compiler gathers every chunk at once: the whole row."""
+    N, T, D = h_NTD.shape
+    S = sharding.seq_shards(T)
+    Ts = T // S
+    C = min(chunk_size, Ts)
+    num_chunks = -(-Ts // C)
+    pad = num_chunks * C - Ts
+    h = jnp.pad(h_NTD.reshape(N, S, Ts, D), ((0, 0), (0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets_NT.reshape(N, S, Ts), ((0, 0), (0, 0), (0, pad)))
+    h_KNSCD = h.reshape(N, S, num_chunks, C, D).transpose(2, 0, 1, 3, 4)
+    targets_KNSC = targets.reshape(N, S, num_chunks, C).transpose(2, 0, 1, 3)
+    temperature = jnp.asarray(temperature, jnp.float32)
+
+    chunk = jax.checkpoint(_chunk_logprobs, static_argnums=(3, 5), prevent_cse=False)
+    logp_KNSC, entropy_KNSC = jax.lax.map(
+        lambda xs: chunk(params, xs[0], xs[1], cfg, temperature, True), (h_KNSCD, targets_KNSC)
+    )
+
+    def unchunk(x_KNSC):
+        x_NSK = x_KNSC.transpose(1, 2, 0, 3).reshape(N, S, num_chunks * C)
+        return x_NSK[:, :, :Ts].reshape(N, T)
+
+    return unchunk(logp_KNSC), unchunk(entropy_KNSC)
 
 
 def completion_hidden_states(

@@ -382,3 +382,52 @@ def test_bad_attention_settings_are_named():
     with pytest.raises(ValueError, match="attention_block=0"):
         TINY.replace(attention_block=0)
     assert TINY.attention == "auto" and TINY.attention_block == 512
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_query_chunks_at_a_traced_start_equal_the_whole_row(packed):
+    """A row's queries cut into chunks (as over a "seq" mesh axis), each against all keys with
+    its first position traced (`query_start`), give the whole row's outputs, log-sum-exps and
+    gradients (dk, dv summed over the chunks). Blocks of 5 and 7 straddle the chunks' ends."""
+    B, T, H, K, Dh, chunks = 2, 36, 4, 2, 16, 3
+    n = T // chunks
+    q, k, v = _qkv(5, B, T, T, H, K, Dh)
+    valid = _valid(B, T, "both")
+    segments = None
+    if packed:
+        br = attn.BRANCHES
+        runs = [(br, 8), (br + 1, 6), (br + 2, 7), (2 * br, 9), (0, 6)]
+        seg = np.concatenate([np.full(m, s) for s, m in runs]).astype(np.int32)
+        seg = np.stack([seg, np.roll(seg, 3)])
+        valid = valid & (seg > 0)
+        segments = (seg, seg)
+    ct, ct_lse = _normal(6, B, T, H, Dh), _normal(7, B, T, H)
+
+    def whole(q, k, v):
+        return attn.blockwise_attention(q, k, v, valid, 0, 5, 7, segments)
+
+    def chunked(q, k, v, starts):
+        parts = [
+            attn.blockwise_attention(
+                q[:, c * n : (c + 1) * n], k, v, valid, 0, 5, 7, segments, query_start=starts[c]
+            )
+            for c in range(chunks)
+        ]
+        return tuple(jnp.concatenate(x, axis=1) for x in zip(*parts, strict=True))
+
+    def loss(fn):
+        def total(q, k, v, *starts):
+            out, lse = fn(q, k, v, *starts)
+            return jnp.sum(out * ct) + jnp.sum(jnp.where(lse > attn.MASK_VALUE, lse, 0) * ct_lse)
+
+        return jax.jit(jax.value_and_grad(total, (0, 1, 2)))
+
+    starts = jnp.arange(chunks, dtype=jnp.int32) * n
+    want, want_grads = loss(whole)(q, k, v)
+    got, got_grads = loss(chunked)(q, k, v, starts)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(
+        jax.jit(chunked)(q, k, v, starts)[0], jax.jit(whole)(q, k, v)[0], atol=1e-5
+    )
+    for name, g, ref in zip("qkv", got_grads, want_grads, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(ref), atol=1e-5, err_msg=name)

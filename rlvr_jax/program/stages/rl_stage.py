@@ -335,7 +335,8 @@ def _packing(
         return None  # cuDNN cannot mask segments (`rl.pack=True` says so)
     axes = plan.rows.spec[0] if len(plan.rows.spec) else None
     axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
-    row_shards = math.prod(plan.mesh.shape[a] for a in axes)
+    # The update splits a packed row's tokens over "seq", not the rows.
+    row_shards = math.prod(plan.mesh.shape[a] for a in axes if a != sharding.SEQ_AXIS)
     (N, T), P = mask_NT.shape, rollout.prompt_NP.shape[1]
     packing = packing_lib.plan(
         prompt_lengths_N,
