@@ -238,14 +238,19 @@ CHIPS = {
 }
 
 
-def _breakdown(name: str, m: Memory, rows_per_device: int, length: int, prompt: int, chunk: int):
+def _breakdown(
+    name: str, m: Memory, rows: int, devices: int, seq: int, length: int, prompt: int, chunk: int
+):
     """What holds the update's peak: the compiled arguments (parameters, optimizer state,
     rollout), and by arithmetic the remat checkpoints (one bf16 (rows, P + T, D) residual per
-    layer boundary) and one log-prob chunk of f32 logits with their gradient; the rest of the
-    temporaries is one layer's recomputed working set and the optimizer update."""
+    layer boundary, split over all devices: by rows, by tokens over "seq", by width where rows
+    run out) and one log-prob chunk step of f32 logits with their gradient (`rows` x `chunk`
+    tokens from each seq device, the vocabulary split over the devices); the rest of the
+    temporaries is one layer's recomputed working set and the optimizer update. `rows`: one
+    microbatch's."""
     cfg = PRESETS[name]
-    checkpoints = cfg.num_layers * rows_per_device * (prompt + length) * cfg.embed_dim * 2
-    logits = 2 * rows_per_device * chunk * cfg.vocab_size * 4
+    checkpoints = cfg.num_layers * rows * (prompt + length) * cfg.embed_dim * 2 / devices
+    logits = 2 * rows * chunk * seq * cfg.vocab_size * 4 / devices
     rest = max(m.total - m.arguments - checkpoints - logits, 0)
     gib = lambda b: f"{b / GiB:.2f}"  # noqa: E731
     return f"{gib(m.arguments)} | {gib(checkpoints)} | {gib(logits)} | {gib(rest)}"
@@ -258,21 +263,26 @@ def long_context(
     prompt: int,
     chunk: int,
     expert: int = 1,
+    seq: int = 1,
+    update_only: bool = False,
     **lora,
 ):
     """The long-answer table: for each model and generated length, the fewest microbatches of
     one group (G rows) whose update (remat) fits the chip, what holds its peak, and how many
-    rollout rows fit next to the parameters. FSDP over the devices (over those the expert axis
-    leaves, with `expert` > 1). `lora`: `measure`'s `lora_rank` and `lora_base`."""
+    rollout rows fit next to the parameters. FSDP over the devices (over those the expert and
+    seq axes leave, with `expert` or `seq` > 1: `seq` splits the update's rows over devices).
+    `update_only` leaves the rollout out. `lora`: `measure`'s `lora_rank` and `lora_base`."""
     devices, hbm = CHIPS[chip].devices, CHIPS[chip].hbm
-    mesh = sharding.make_mesh(sharding.MeshConfig(1, -1, 1, expert=expert))
+    mesh = sharding.make_mesh(sharding.MeshConfig(1, -1, 1, expert=expert, seq=seq))
     policy = "bf16 parameters, f32 Adam"
     if lora.get("lora_rank"):
         policy = (
             f"LoRA rank {lora['lora_rank']} on every projection over a "
             f"{'int8' if lora.get('lora_base') == 'int8' else 'bf16'} base, f32 adapters and Adam"
         )
-    layout = f"fsdp={devices // expert}" + (f", expert={expert}" if expert > 1 else "")
+    layout = f"fsdp={devices // (expert * seq)}" + "".join(
+        f", {name}={n}" for name, n in (("seq", seq), ("expert", expert)) if n > 1
+    )
     print(
         f"{chip}: {devices} simulated devices of {hbm / GiB:.0f} GiB, {layout}; update of "
         f"G={G} rows (one prompt of {prompt} tokens) with remat, {policy}, "
@@ -304,27 +314,29 @@ def long_context(
                 if m.total <= hbm:
                     fits = True
                     break
-            r, _ = measure(
-                name,
-                mesh,
-                remat=False,
-                rows=G,
-                prompt=prompt,
-                length=length,
-                what="rollout",
-                **lora,
-            )
-            cfg = PRESETS[name].replace(dtype="bfloat16", param_dtype="bfloat16")
-            shapes = _policy_shapes(cfg, lora.get("lora_rank", 0), lora.get("lora_base", "model"))
-            params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes)) / devices
-            per_row = max(r.total - params, 1) / G
-            rollout_rows = int((hbm - params) // per_row) // devices * devices
-            per_device = max(G // (micro * devices), 1)
+            rollout = "not compiled (--update_only) | "
+            if not update_only:
+                r, _ = measure(
+                    name,
+                    mesh,
+                    remat=False,
+                    rows=G,
+                    prompt=prompt,
+                    length=length,
+                    what="rollout",
+                    **lora,
+                )
+                cfg = PRESETS[name].replace(dtype="bfloat16", param_dtype="bfloat16")
+                lora_base = lora.get("lora_base", "model")
+                shapes = _policy_shapes(cfg, lora.get("lora_rank", 0), lora_base)
+                params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes)) / devices
+                per_row = max(r.total - params, 1) / G
+                rollout_rows = int((hbm - params) // per_row) // devices * devices
+                rollout = f"{r.total / GiB:.2f} | {max(rollout_rows, 0)}"
+            parts = _breakdown(name, m, G // micro, devices, seq, length, prompt, chunk)
             print(
                 f"| {name} | {length} | {micro} | {m.total / GiB:.2f} | "
-                f"{'yes' if fits else 'no'} | "
-                f"{_breakdown(name, m, per_device, length, prompt, chunk)} | "
-                f"{r.total / GiB:.2f} | {max(rollout_rows, 0)} |",
+                f"{'yes' if fits else 'no'} | {parts} | {rollout} |",
                 flush=True,
             )
             if fits:
@@ -493,6 +505,8 @@ def main() -> None:
     ap.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     ap.add_argument("--lora_base", default="model", choices=("model", "int8"))
     ap.add_argument("--expert", type=int, default=1, help="mesh.expert for --long (MoE models)")
+    ap.add_argument("--seq", type=int, default=1, help="mesh.seq for --long: split a row's tokens")
+    ap.add_argument("--update_only", action="store_true", help="--long without the rollout")
     ap.add_argument(
         "--project",
         default="",
@@ -532,6 +546,8 @@ def main() -> None:
             args.prompt,
             args.logprob_chunk,
             args.expert,
+            args.seq,
+            args.update_only,
             **lora,
         )
         return
