@@ -35,6 +35,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from rlvr_jax.program.runtime import (
+    agreement,
     compilation,
     config_file,
     preemption,
@@ -161,6 +162,8 @@ def main(argv: list[str]) -> None:
     workdir = _WORKDIR.value or os.path.join("runs", name)
     primary = not _DISTRIBUTED.value or jax.process_index() == 0
     settings = settings_from_config(config)  # a bad setting leaves no workdir behind
+    if _DISTRIBUTED.value:
+        agreement.check_processes_agree(settings)
     try:
         with workdir_lock.hold(workdir, "training", enabled=primary):
             dispatch.run(

@@ -65,13 +65,14 @@ def _run(
     processes: int = 1,
     during: Callable[[list[subprocess.Popen]], None] | None = None,
     statuses: Sequence[int | tuple[int, ...]] | None = None,
+    only: dict[int, Sequence[str]] | None = None,
 ) -> list[str]:
     """Runs main as `processes` processes (one: not distributed) sharing the 8 devices; returns
     each one's output.
 
     `during(processes)`, when given, runs once they have started (a fault to inject); then each
     process must end by itself with its status in `statuses` (default: 0 for all; a tuple: any of
-    those). Without it, a
+    those). `only` adds flags to one process's command (process id -> flags). Without it, a
     process that fails ends the others at once (they would wait in a collective). Fails, with
     every output, on another status; every process still running after `DEADLINE_S` is killed.
     """
@@ -93,7 +94,7 @@ def _run(
             with open(path, "w") as out:
                 procs.append(
                     subprocess.Popen(
-                        cmd + (distributed if processes > 1 else []),
+                        cmd + (distributed if processes > 1 else []) + [*(only or {}).get(i, ())],
                         cwd=REPO,
                         env=_env(DEVICES // processes),
                         stdout=out,
@@ -268,6 +269,16 @@ def test_a_killed_process_ends_the_other_then_both_resume(tmp_path):
     assert _steps(_ledger(two)) == list(range(1, saved[-1] + 3))
 
 
+@pytest.mark.processes
+def test_processes_that_start_differently_are_refused_before_the_first_step(tmp_path):
+    logs, two = tmp_path / "logs", tmp_path / "two"
+    outs = _run(two, logs, FUSED, processes=2, only={1: ["--config.train.seed=7"]}, statuses=[2, 2])
+    assert "process 1 started differently from process 0" in outs[0], outs[0]
+    assert "train.seed: 0 -> 7" in outs[0], outs[0]
+    assert "train.seed: 7 -> 0" in outs[1], outs[1]
+    assert not (two / "metrics.jsonl").exists()  # refused before anything ran
+
+
 def test_main_leaves_the_backend_to_jax_distributed():
     """Importing main and loading a config start no JAX backend, which would make
     `jax.distributed.initialize` (the first thing `main --distributed` runs) fail."""
@@ -357,3 +368,31 @@ def test_stages_of_one_device_refuse_several_processes(config, monkeypatch, tmp_
     with pytest.raises(ConfigError, match=f"train.stage='{stage}' trains in one process"):
         dispatch.run(settings, tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_different_checkout_is_a_difference():
+    from configs import tiny
+    from rlvr_jax.program.runtime import agreement
+    from rlvr_jax.program.settings import settings_from_config
+
+    mine = agreement.start_record(settings_from_config(tiny.get_config()))
+    assert agreement.differences(mine, mine) == []
+    theirs = {**mine, "code": "0" * 16}
+    assert agreement.differences(mine, theirs) == [f"code: {mine['code']!r} -> {'0' * 16!r}"]
+
+
+def test_editing_a_source_file_changes_the_code_fingerprint(tmp_path, monkeypatch):
+    from rlvr_jax.program.runtime import agreement
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "a.py").write_text("x = 1\n")
+    (tmp_path / "b.py").write_text("y = 2\n")
+    monkeypatch.setattr(agreement, "PACKAGE", tmp_path)
+    agreement.code_fingerprint.cache_clear()
+    try:
+        before = agreement.code_fingerprint()
+        (tmp_path / "model" / "a.py").write_text("x = 2\n")
+        agreement.code_fingerprint.cache_clear()
+        assert agreement.code_fingerprint() != before
+    finally:
+        agreement.code_fingerprint.cache_clear()
