@@ -480,7 +480,7 @@ def grouped_attention(
     block: int = 512,
     query_start: Array | None = None,
 ) -> Array:
-    """Blockwise `transformer._grouped_attention`: completion row n = b * G + g over prompt b's
+    """Blockwise `grouped._grouped_attention`: completion row n = b * G + g over prompt b's
     real keys and its own causal prefix, one softmax over both.
 
     The prompt part runs the G completions of a prompt as one (G * T)-row query sequence against

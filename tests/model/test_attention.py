@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rlvr_jax.model import attention as attn
 from rlvr_jax.model import config as config_lib
-from rlvr_jax.model import sharding
+from rlvr_jax.model import grouped, sharding
 from rlvr_jax.model import transformer as tf
 
 TINY = config_lib.PRESETS["tiny"]
@@ -161,7 +161,7 @@ def test_grouped_layout_equals_dense_grouped_attention():
     blockwise = grads(
         lambda *xs: attn.grouped_attention(*xs, prompt_valid, completion_valid, block=4)
     )
-    dense = grads(lambda *xs: tf._grouped_attention(*xs, prompt_valid, mask_NTT, TINY))
+    dense = grads(lambda *xs: grouped._grouped_attention(*xs, prompt_valid, mask_NTT, TINY))
     np.testing.assert_allclose(float(blockwise[0]), float(dense[0]), rtol=1e-5)
     for name, g, ref in zip(["q", "kp", "vp", "kc", "vc"], blockwise[1], dense[1], strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(ref), atol=1e-5, err_msg=name)
@@ -305,7 +305,7 @@ def test_grouped_hidden_states_and_param_grads_equal_between_dense_and_blockwise
     def loss(cfg):
         def fn(p):
             args = (prompt, prompt_mask, p_pos, completion, completion_mask, c_pos, cfg)
-            hp, hc = tf.grouped_hidden_states(p, *args)
+            hp, hc = grouped.grouped_hidden_states(p, *args)
             return jnp.sum(hc * ct) + jnp.sum(hp * prompt_mask[..., None]), hc
 
         return fn
