@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax.model import attention as attention_lib
+from rlvr_jax.model import fused_attention, sharding
 from rlvr_jax.model import moe as moe_lib
-from rlvr_jax.model import sharding
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.kv_cache import KVCache
 
@@ -363,7 +363,7 @@ def _self_attend(valid_BT: Array, cfg: ModelConfig, segment_ids_BT: Array | None
             mask_BTS &= attention_lib.segment_visible(seg[:, :, None], seg[:, None, :])
         return lambda q, k, v: attention(q, k, v, mask_BTS, cfg)
     block = cfg.attention_block
-    return lambda q, k, v: attention_lib.causal_attention(
+    return lambda q, k, v: fused_attention.causal_attention(
         q, k, v, valid_BT, impl, block, segment_ids_BT
     )
 
