@@ -40,7 +40,7 @@ import optax  # noqa: E402
 from workloads import layout_flops  # noqa: E402
 
 from rlvr_jax.model import attention as attention_lib  # noqa: E402
-from rlvr_jax.model import transformer  # noqa: E402
+from rlvr_jax.model import fused_attention, transformer  # noqa: E402
 from rlvr_jax.model.config import PRESETS  # noqa: E402
 from rlvr_jax.rl import packing as packing_lib  # noqa: E402
 from rlvr_jax.rl import state as state_lib  # noqa: E402
@@ -99,10 +99,10 @@ def attention_parity(T: int, Dh: int) -> tuple[str, float, float]:
         if kernel == "xla_blockwise":
             mask = jnp.tril(jnp.ones((T, T), bool))[None] & valid[:, None, :]
             return transformer.attention(q, k, v, mask, cfg)
-        return attention_lib.causal_attention(q, k, v, valid, kernel, 512)
+        return fused_attention.causal_attention(q, k, v, valid, kernel, 512)
 
     def blockwise(q, k, v):
-        return attention_lib.causal_attention(q, k, v, valid, "xla_blockwise", 512)
+        return fused_attention.causal_attention(q, k, v, valid, "xla_blockwise", 512)
 
     def with_grads(f):
         loss = lambda *a: jnp.sum((f(*a) * ct).astype(jnp.float32) * valid[:, :, None, None])  # noqa: E731

@@ -4,7 +4,7 @@
   python benchmarks/update_compile.py --models=tiny --repeats=5
 
 `rl.shared_prompt_forward` (on by default) runs each group's prompt once in the update's forward
-and backward (`transformer.grouped_hidden_states`); off, every row runs its own prompt. For each
+and backward (`grouped.grouped_hidden_states`); off, every row runs its own prompt. For each
 model both programs are built, lowered and compiled from scratch (a new jit object, the persistent
 compile cache off) in alternation, `--repeats` times, in this one process; then each compiled
 update runs `--steps` times on fresh copies of the state. The table gives medians: trace and lower

@@ -51,12 +51,13 @@ class ModelConfig:
       param_dtype: storage dtype of the parameters.
       remat: wrap the layer body in `jax.checkpoint` (training memory).
       max_position_embeddings: the longest context the checkpoint was trained for.
-      attention: the attention of training forwards (`model/attention.py`): "auto" (the fused
-        kernel of the backend where it applies, cuDNN on NVIDIA GPUs and splash on TPUs, else
-        "xla_blockwise"), "xla_blockwise" (pure JAX, flash-style, no (T, S) score matrix),
-        "dense" (the reference: the whole masked score matrix), "cudnn" or "pallas" (that
-        kernel or an error). Completions over a shared prompt always run blockwise unless
-        "dense"; prefill with a KV cache and decoding always run dense.
+      attention: the attention of training forwards (`model/attention.py`, the fused kernels
+        in `model/fused_attention.py`): "auto" (the fused kernel of the backend where it
+        applies, cuDNN on NVIDIA GPUs and splash on TPUs, else "xla_blockwise"),
+        "xla_blockwise" (pure JAX, flash-style, no (T, S) score matrix), "dense" (the
+        reference: the whole masked score matrix), "cudnn" or "pallas" (that kernel or an
+        error). Completions over a shared prompt always run blockwise unless "dense"; prefill
+        with a KV cache and decoding always run dense.
       attention_block: query and key block size of "xla_blockwise" (and of the splash kernel).
       num_experts: E, the routed experts of each layer's MLP (`num_experts`); 0 for a dense MLP.
       num_experts_per_tok: k, the experts each token is routed to (top-k of the router).

@@ -39,7 +39,7 @@ class RLConfig:
         scaling's re-weighting of prompts shows in it).
       shared_prompt_forward: run each group's prompt once instead of G times, in the rollout's
         prefill (`SamplerConfig.prompt_group`) and in the update's forwards
-        (`transformer.grouped_hidden_states`); the same numbers. In the update it applies where a
+        (`grouped.grouped_hidden_states`); the same numbers. In the update it applies where a
         forward sees whole groups in order: always for the old and reference log-probs; for the
         policy loss when there is one minibatch (minibatches shuffle rows, not groups) and each
         microbatch holds whole groups.

@@ -15,13 +15,9 @@ import jax.numpy as jnp
 
 from rlvr_jax.model import sharding
 from rlvr_jax.model.config import ModelConfig
+from rlvr_jax.model.grouped import grouped_routed_hidden_states
 from rlvr_jax.model.moe import Routing
-from rlvr_jax.model.transformer import (
-    Params,
-    grouped_routed_hidden_states,
-    logits_from_hidden,
-    routed_hidden_states,
-)
+from rlvr_jax.model.transformer import Params, logits_from_hidden, routed_hidden_states
 
 Array = jax.Array
 
@@ -224,7 +220,7 @@ def grouped_completion_hidden_states(
 ) -> Array:
     """`completion_hidden_states(..., first_target=prompt_len)` for rows in groups that share a
     prompt, with each group's prompt run through the model once
-    (`transformer.grouped_hidden_states`); arguments as `grouped_next_token_logprobs`."""
+    (`grouped.grouped_hidden_states`); arguments as `grouped_next_token_logprobs`."""
     return routed_grouped_completion_hidden_states(
         params, tokens_NS, positions_NS, cfg, mask_NS, group_size, prompt_len
     )[0]
@@ -283,7 +279,7 @@ def grouped_next_token_logprobs(
     temperature: float | Array = 1.0,
 ) -> tuple[Array, Array]:
     """`next_token_logprobs(..., first_target=prompt_len)` for rows in groups that share a prompt,
-    with each group's prompt run through the model once (`transformer.grouped_hidden_states`).
+    with each group's prompt run through the model once (`grouped.grouped_hidden_states`).
 
     Rows b * G .. b * G + G - 1 must hold the same first `prompt_len` tokens, mask and positions
     (one prompt's samples, as `sampling.bucket_and_pad` lays them out); only the group's first

@@ -10,7 +10,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rlvr_jax.model import attention as attn
 from rlvr_jax.model import config as config_lib
-from rlvr_jax.model import sharding
+from rlvr_jax.model import fused_attention as fused
+from rlvr_jax.model import grouped, sharding
 from rlvr_jax.model import transformer as tf
 
 TINY = config_lib.PRESETS["tiny"]
@@ -161,7 +162,7 @@ def test_grouped_layout_equals_dense_grouped_attention():
     blockwise = grads(
         lambda *xs: attn.grouped_attention(*xs, prompt_valid, completion_valid, block=4)
     )
-    dense = grads(lambda *xs: tf._grouped_attention(*xs, prompt_valid, mask_NTT, TINY))
+    dense = grads(lambda *xs: grouped._grouped_attention(*xs, prompt_valid, mask_NTT, TINY))
     np.testing.assert_allclose(float(blockwise[0]), float(dense[0]), rtol=1e-5)
     for name, g, ref in zip(["q", "kp", "vp", "kc", "vc"], blockwise[1], dense[1], strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(ref), atol=1e-5, err_msg=name)
@@ -189,7 +190,7 @@ def test_cudnn_arrangement_equals_dense_through_xla():
     q, k, v = _qkv(9, B, T, T, H, K, Dh)
     valid = _valid(B, T, "both")
     ct = _normal(12, *q.shape) * valid[:, :, None, None]
-    fn = lambda q, k, v: (attn.cudnn_attention(q, k, v, valid, implementation="xla"), None)
+    fn = lambda q, k, v: (fused.cudnn_attention(q, k, v, valid, implementation="xla"), None)
     out, _, grads = _value_and_grads(fn, q, k, v, ct)
     ref, _, ref_grads = _value_and_grads(lambda *x: _dense(*x, valid, 0), q, k, v, ct)
     rows = valid
@@ -199,7 +200,7 @@ def test_cudnn_arrangement_equals_dense_through_xla():
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5)
     holed = valid.copy()
     holed[0, 5] = False  # not one run: that row is poisoned, the others are not
-    out = jax.jit(lambda *x: attn.cudnn_attention(*x, holed, implementation="xla"))(q, k, v)
+    out = jax.jit(lambda *x: fused.cudnn_attention(*x, holed, implementation="xla"))(q, k, v)
     assert np.isnan(np.asarray(out[0])).all() and np.isfinite(np.asarray(out[1:])).all()
 
 
@@ -209,7 +210,7 @@ def test_pallas_splash_in_interpret_mode_equals_dense():
     q, k, v = _qkv(11, B, T, T, H, K, Dh)
     valid = _valid(B, T, "both")
     ct = _normal(13, *q.shape) * valid[:, :, None, None]
-    fn = lambda q, k, v: (attn.pallas_attention(q, k, v, valid, interpret=True), None)
+    fn = lambda q, k, v: (fused.pallas_attention(q, k, v, valid, interpret=True), None)
     ref, _, ref_grads = _value_and_grads(lambda *x: _dense(*x, valid, 0), q, k, v, ct)
     rows = valid
     # Under an activation mesh the kernel runs per shard: rows over (data, fsdp), heads over
@@ -305,7 +306,7 @@ def test_grouped_hidden_states_and_param_grads_equal_between_dense_and_blockwise
     def loss(cfg):
         def fn(p):
             args = (prompt, prompt_mask, p_pos, completion, completion_mask, c_pos, cfg)
-            hp, hc = tf.grouped_hidden_states(p, *args)
+            hp, hc = grouped.grouped_hidden_states(p, *args)
             return jnp.sum(hc * ct) + jnp.sum(hp * prompt_mask[..., None]), hc
 
         return fn

@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import NamedSharding
 
 from rlvr_jax.model import config as config_lib
-from rlvr_jax.model import kv_cache, sharding
+from rlvr_jax.model import grouped, kv_cache, sharding
 from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.model import transformer as tf
 
@@ -215,11 +215,11 @@ def test_grouped_hidden_states_with_adapters_equal_merged_weights():
     p_len = jnp.repeat(p_mask.sum(-1), 2)
     c_pos = p_len[:, None] + jnp.arange(4)[None, :]
     args = (prompt, p_mask, p_pos, comp, c_mask, c_pos, cfg)
-    ours = tf.grouped_hidden_states(params, *args, lora=lora)
-    merged = tf.grouped_hidden_states(lora_lib.merge_lora(params, lora), *args)
+    ours = grouped.grouped_hidden_states(params, *args, lora=lora)
+    merged = grouped.grouped_hidden_states(lora_lib.merge_lora(params, lora), *args)
     for x, y in zip(ours, merged, strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-5, rtol=0)
-    base = tf.grouped_hidden_states(params, *args)
+    base = grouped.grouped_hidden_states(params, *args)
     assert np.abs(np.asarray(ours[1]) - np.asarray(base[1])).max() > 1e-3
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from rlvr_jax.model import attention as attn
 from rlvr_jax.model import config as config_lib
+from rlvr_jax.model import fused_attention
 from rlvr_jax.model import transformer as tf
 
 CFG = config_lib.PRESETS["tiny"].replace(vocab_size=64)
@@ -148,7 +149,9 @@ def test_segment_kernels_equal_the_dense_segment_mask(kernel):
         if kernel == "blockwise":
             out = attn.blockwise_attention(q, k, v, valid, 0, 8, 8, (segments, segments))[0]
         else:
-            out = attn.pallas_attention(q, k, v, valid, interpret=True, segment_ids_BT=segments)
+            out = fused_attention.pallas_attention(
+                q, k, v, valid, interpret=True, segment_ids_BT=segments
+            )
         return jnp.sum(out * ct)
 
     ref = jax.jit(jax.grad(dense, (0, 1, 2)))(q, k, v)
@@ -162,7 +165,7 @@ def test_cudnn_refuses_segments():
     q, k, v = _qkv(5, 1, 8, 2, 2, 8)
     segments = np.ones((1, 8), np.int32)
     with pytest.raises(ValueError, match="cudnn attention cannot express"):
-        attn.causal_attention(q, k, v, segments > 0, "cudnn", 8, segments)
+        fused_attention.causal_attention(q, k, v, segments > 0, "cudnn", 8, segments)
 
 
 def _branch_rows():
