@@ -191,3 +191,22 @@ def test_splits_are_tried_smallest_first_and_larger_ones_never_compiled():
 
     assert memory.smallest_seq([1, 2, 4, 8], search, budget=300).seq == 4
     assert seen == [1, 2, 4]
+
+
+def test_a_numbered_split_keeps_its_own_fewest_microbatches(step, measured):
+    budget = _between(measured[1, 2], measured[1, 1])
+    s = dataclasses.replace(step.s, mesh=dataclasses.replace(step.s.mesh, seq=1))
+    s = dataclasses.replace(
+        s, rl=dataclasses.replace(s.rl, num_microbatches="auto", memory_budget_gib=budget)
+    )
+    rows = step.batch.prompt_NP.shape[0]
+    plan = sharding_plan.plan_step(step.state, step.model_cfg, sharding.make_mesh(s.mesh), rows)
+    state = memory_fit._abstract(step.state, plan.state)
+    batch = memory_fit._abstract(step.batch, plan.rows)
+    assert memory_fit.resolve_seq(s, step.model_cfg, step.task, state, batch, True) is s
+    lines = []
+    resolved = memory_fit.resolve_microbatches(
+        s, step.model_cfg, step.task, state, batch, plan, True, lines.append
+    )
+    assert resolved.rl.num_microbatches == 2 and resolved.mesh == s.mesh
+    assert lines[0].startswith('rl.num_microbatches="auto" -> 2 (')
