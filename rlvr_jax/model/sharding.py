@@ -86,7 +86,7 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -124,7 +124,10 @@ class MeshConfig:
         1 (the default) the mesh has no expert axis.
       seq: context parallelism: a full forward's token axis T split (one long row over several
         devices, `constrain_tokens`), the weights split with "fsdp", and the rollout's rows
-        split as by "data"; at 1 (the default) the mesh has no seq axis.
+        split as by "data"; at 1 (the default) the mesh has no seq axis. "auto": the RL stage
+        takes the split from fsdp's devices, the smallest power of two whose step compiles
+        within the memory budget (`program.stages.memory_fit.resolve_seq`); a mesh is built
+        only once it is a number.
       One of data, fsdp, tensor may be -1: it takes the devices the others leave.
     """
 
@@ -132,7 +135,7 @@ class MeshConfig:
     fsdp: int = -1
     tensor: int = 1
     expert: int = 1
-    seq: int = 1
+    seq: int | Literal["auto"] = 1
 
     def __post_init__(self):
         for name in MESH_AXES:
@@ -141,8 +144,11 @@ class MeshConfig:
                 raise ValueError(f"mesh.{name}={value} must be positive or -1 (the remainder)")
         for name in (EXPERT_AXIS, SEQ_AXIS):
             value = getattr(self, name)
+            if name == SEQ_AXIS and value == "auto":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"mesh.{name}={value!r} must be an integer >= 1")
+                more = ' or "auto"' if name == SEQ_AXIS else ""
+                raise ValueError(f"mesh.{name}={value!r} must be an integer >= 1{more}")
         if sum(getattr(self, n) == -1 for n in MESH_AXES) > 1:
             raise ValueError(
                 f"mesh: at most one axis may be -1; got data={self.data}, fsdp={self.fsdp}, "
@@ -152,7 +158,16 @@ class MeshConfig:
     @property
     def axes(self) -> tuple[str, ...]:
         """The mesh's axis names, in order: "seq" and then "expert" between "fsdp" and "tensor"
-        when used."""
+        when used.
+
+        Raises:
+          ValueError: while `seq` is "auto" (no mesh has been chosen yet).
+        """
+        if self.seq == "auto":
+            raise ValueError(
+                'mesh.seq="auto" is chosen from compiled memory by the RL stage before it builds '
+                "the mesh (program.stages.memory_fit.resolve_seq); give a number to build one here"
+            )
         used = tuple(a for a in (SEQ_AXIS, EXPERT_AXIS) if getattr(self, a) > 1)
         return ("data", "fsdp", *used, "tensor")
 

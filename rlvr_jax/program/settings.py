@@ -452,8 +452,10 @@ def check_hub_splits(data: DataSettings) -> None:
 def check_mesh(s: Settings, num_devices: int) -> None:
     """Raises ConfigError unless the mesh fits the devices and the rows split over its batch
     axes (otherwise every device would hold every row)."""
+    # Every "auto" seq split takes its devices from fsdp: the row axes' product is seq 1's.
+    mesh = dataclasses.replace(s.mesh, seq=1) if s.mesh.seq == "auto" else s.mesh
     try:
-        sizes = s.mesh.sizes(num_devices)
+        sizes = mesh.sizes(num_devices)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     rows = s.train.batch_prompts * s.rl.group_size
@@ -471,8 +473,18 @@ def check_seq_split(s: Settings) -> None:
     the prompt buckets and `rl.sampler.max_new_tokens` (so the rows, prompt + answer, and the
     answers alone), the attention block and `rl.pack_length` (the packed rows' lengths).
     A forward whose length the axis does not divide would split its rows instead, silently
-    losing the memory the axis is for."""
+    losing the memory the axis is for. "auto" is checked here only against learned reward
+    parts: their models are placed on the mesh before the step is measured; the split it
+    chooses divides every length (`memory_fit.seq_candidates`)."""
     seq = s.mesh.seq
+    if seq == "auto":
+        learned = [f"reward.{k}" for k in ("rm_path", "judge_model") if getattr(s.reward, k)]
+        if learned:
+            raise ConfigError(
+                f'mesh.seq="auto" with {learned[0]}: the learned reward\'s model is placed on '
+                "the mesh before the step's memory is measured; give mesh.seq a number"
+            )
+        return
     if seq == 1:
         return
     lengths = {

@@ -24,8 +24,9 @@ class RLConfig:
         the same as one chunk, in every aggregation mode). "auto": before the first step the
         program compiles the step on abstract shapes for each candidate count and keeps the
         fewest whose memory fits the device (`rl.memory`); `resolved` replaces it by a number.
-      memory_budget_gib: the per-device memory "auto" may fill; 0 uses the limit the device
-        reports (GPU, TPU), which a CPU does not, so there it must be set.
+      memory_budget_gib: the per-device memory "auto" (here and in `mesh.seq`) may fill; 0
+        uses the limit the device reports (GPU, TPU), which a CPU does not, so there it must be
+        set.
       temperature, top_p, min_p: sampling values; log-probs for the loss use the same
         temperature so that ratios compare like with like.
       logprob_chunk: time steps per chunk of the log-prob computation (vocab-sized logits of only

@@ -4,7 +4,8 @@ XLA knows a program's memory before it runs: `compiled.memory_analysis()` gives 
 arguments, outputs, temporaries and the outputs aliased to donated arguments. Compiling on
 `jax.ShapeDtypeStruct`s (or on arrays, which `lower` only reads the shapes of) allocates nothing,
 so `rl.num_microbatches = "auto"` can try candidate counts before the first step and keep the
-fewest that fit, instead of a user finding the count by running out of memory.
+fewest that fit, instead of a user finding the count by running out of memory; and
+`mesh.seq = "auto"` can try seq splits of the mesh the same way (`smallest_seq`).
 
 Host code: it compiles programs and reads their analyses; nothing here is traced.
 """
@@ -12,7 +13,7 @@ Host code: it compiles programs and reads their analyses; nothing here is traced
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 
@@ -77,19 +78,20 @@ def device_memory_limit(device: jax.Device | None = None) -> int | None:
     return stats.get("bytes_limit") or stats.get("bytes_reservable_limit")
 
 
-def memory_budget(rl: RLConfig) -> int:
-    """The per-device bytes `num_microbatches="auto"` may fill: `rl.memory_budget_gib` when set,
-    else the device's own limit.
+def memory_budget(rl: RLConfig, setting: str = 'rl.num_microbatches="auto"') -> int:
+    """The per-device bytes an "auto" setting (`num_microbatches`, `mesh.seq`) may fill:
+    `rl.memory_budget_gib` when set, else the device's own limit.
 
     Raises:
-      ValueError: when neither is known (a CPU without `rl.memory_budget_gib`).
+      ValueError: when neither is known (a CPU without `rl.memory_budget_gib`), naming
+        `setting`.
     """
     if rl.memory_budget_gib > 0:
         return int(rl.memory_budget_gib * GiB)
     limit = device_memory_limit()
     if limit is None:
         raise ValueError(
-            f'rl.num_microbatches="auto" needs a memory budget: the {jax.default_backend()} '
+            f"{setting} needs a memory budget: the {jax.default_backend()} "
             "device reports no memory limit, so set rl.memory_budget_gib"
         )
     return int(limit)
@@ -109,6 +111,19 @@ class MicrobatchChoice:
     budget: int
     tried: tuple[tuple[int, ProgramMemory], ...]
 
+    @property
+    def memory(self) -> ProgramMemory:
+        """The memory of the count kept (the last compiled)."""
+        return self.tried[-1][1]
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.budget
+
+    def least(self) -> tuple[int, ProgramMemory]:
+        """The count that compiled to the least memory, and that memory."""
+        return min(self.tried, key=lambda cm: cm[1].total)
+
     def summary(self) -> str:
         tried = ", ".join(f"{c}: {format_bytes(m.total)}" for c, m in self.tried)
         return (
@@ -116,6 +131,26 @@ class MicrobatchChoice:
             f"{format_bytes(self.tried[-1][1].total)} of a {format_bytes(self.budget)} budget; "
             f"compiled {tried})"
         )
+
+
+def microbatch_search(
+    rl: RLConfig,
+    num_rows: int,
+    measure: Callable[[RLConfig], ProgramMemory],
+    budget: int,
+) -> MicrobatchChoice:
+    """Compiles counts in increasing order until one fits `budget`, and keeps the last compiled
+    (`MicrobatchChoice.fits` says whether it fits); a number in `rl.num_microbatches` is the
+    only count. Arguments as `fewest_microbatches`'."""
+    if not rl.auto_microbatches:
+        count = rl.microbatch_count()
+        return MicrobatchChoice(count, budget, ((count, measure(rl)),))
+    tried = []
+    for count in microbatch_candidates(rl, num_rows):
+        tried.append((count, measure(dataclasses.replace(rl, num_microbatches=count))))
+        if tried[-1][1].total <= budget:
+            break
+    return MicrobatchChoice(tried[-1][0], budget, tuple(tried))
 
 
 def fewest_microbatches(
@@ -136,20 +171,62 @@ def fewest_microbatches(
     Raises:
       ValueError: when not even one row per microbatch fits, naming the smallest figure.
     """
-    if not rl.auto_microbatches:
-        count = rl.microbatch_count()
-        return MicrobatchChoice(count, budget, ((count, measure(rl)),))
-    tried = []
-    for count in microbatch_candidates(rl, num_rows):
-        memory = measure(dataclasses.replace(rl, num_microbatches=count))
-        tried.append((count, memory))
-        if memory.total <= budget:
-            return MicrobatchChoice(count, budget, tuple(tried))
-    best_count, best = min(tried, key=lambda cm: cm[1].total)
+    choice = microbatch_search(rl, num_rows, measure, budget)
+    if choice.fits or not rl.auto_microbatches:
+        return choice
+    best_count, best = choice.least()
     raise ValueError(
         f'rl.num_microbatches="auto": no microbatch count of {num_rows} rows fits '
         f"{format_bytes(budget)} per device; the least, {best_count} microbatches, needs "
         f"{format_bytes(best.total)} (of which {format_bytes(best.arguments)} are parameters, "
         "optimizer state and inputs): use fewer rows or shorter answers, shard over more "
         "devices, or turn on model.remat"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SeqChoice:
+    """What `smallest_seq` chose, and each split it compiled with its microbatch search."""
+
+    seq: int
+    budget: int
+    tried: tuple[tuple[int, MicrobatchChoice], ...]
+
+    def summary(self, auto_microbatches: bool) -> str:
+        choice = self.tried[-1][1]
+        count = f', rl.num_microbatches="auto" -> {choice.count}' if auto_microbatches else ""
+        tried = ", ".join(f"{s}: {format_bytes(c.least()[1].total)}" for s, c in self.tried)
+        return (
+            f'mesh.seq="auto" -> {self.seq}{count} (per-device peak '
+            f"{format_bytes(choice.memory.total)} of a {format_bytes(self.budget)} budget; "
+            f"compiled seq {tried})"
+        )
+
+
+def smallest_seq(
+    candidates: Sequence[int], search: Callable[[int], MicrobatchChoice], budget: int
+) -> SeqChoice:
+    """The smallest seq split (the least communication) whose step fits `budget` bytes.
+
+    Args:
+      candidates: seq sizes, smallest first.
+      search: the microbatch search (`microbatch_search`) of the step on the mesh of a seq size.
+      budget: per-device bytes (`memory_budget`).
+
+    Raises:
+      ValueError: when no candidate fits, naming the least memory any needs and the budget.
+    """
+    tried = []
+    for seq in candidates:
+        tried.append((seq, search(seq)))
+        if tried[-1][1].fits:
+            return SeqChoice(seq, budget, tuple(tried))
+    seq, choice = min(tried, key=lambda sc: sc[1].least()[1].total)
+    count, best = choice.least()
+    raise ValueError(
+        f'mesh.seq="auto": no seq split in {list(candidates)} fits {format_bytes(budget)} per '
+        f"device; the least, seq={seq} with {count} microbatch(es), needs "
+        f"{format_bytes(best.total)} (of which {format_bytes(best.arguments)} are parameters, "
+        "optimizer state and inputs): use more microbatches, fewer rows or shorter answers, "
+        "more devices, or model.remat"
     )

@@ -43,7 +43,6 @@ from rlvr_jax.envs.single_turn import build_task
 from rlvr_jax.envs.task import (
     MultiTurnTask,
     Task,
-    host_part_shapes,
     host_rewards,
     jax_reward_fn,
 )
@@ -56,8 +55,8 @@ from rlvr_jax.program.runtime import metrics as metrics_lib
 from rlvr_jax.program.runtime import useful as useful_lib
 from rlvr_jax.program.runtime.run import Stage, run_stage
 from rlvr_jax.program.settings import Settings
+from rlvr_jax.program.stages import memory_fit
 from rlvr_jax.rl import dynamic_sampling, multiturn, sharding_plan
-from rlvr_jax.rl import memory as memory_lib
 from rlvr_jax.rl import packing as packing_lib
 from rlvr_jax.rl import partial as partial_lib
 from rlvr_jax.rl import state as state_lib
@@ -385,31 +384,6 @@ def _bucket_batches(
     ]
 
 
-def _update_args(
-    rollout_program: Callable,
-    params: Any,
-    batch: ts.Batch,
-    key: Any,
-    task: Task,
-    s: Settings,
-    plan: sharding_plan.StepShardings,
-) -> tuple[Any, jax.ShapeDtypeStruct, dict[str, jax.ShapeDtypeStruct]]:
-    """The host path update's arguments after `rollout_program` on `batch`, abstract and as the
-    step passes them: the rollout replicated (the rollout program's output), the rewards and
-    parts host arrays (`host_part_shapes`; a lone "correct" part where the task names none)."""
-    rep = plan.replicated
-    rollout = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep),
-        jax.eval_shape(rollout_program, params, batch, key),
-    )
-    N, T = rollout.tokens_NT.shape
-    shapes = host_part_shapes(task, s.reward, s.rl.group_size, N, T)
-    if shapes is None:
-        row = jax.ShapeDtypeStruct((N,), jnp.float32)
-        shapes = (row, {"correct": row})
-    return (rollout, *shapes)
-
-
 def _precompile_fused(
     step_fn: Callable, batches: Callable[[], list[ts.Batch]]
 ) -> Callable[[TrainState], None]:
@@ -432,7 +406,7 @@ def _precompile_host(
     plan: sharding_plan.StepShardings,
 ) -> Callable[[TrainState], None]:
     """Compiles the host path's rollout and update for every prompt bucket (`batches()`), each
-    program on its own thread, the update on `_update_args`: the arguments' types and
+    program on its own thread, the update on `memory_fit.update_args`: the arguments' types and
     shardings are the step's, so that its calls find these executables instead of tracing and
     compiling again."""
 
@@ -443,7 +417,7 @@ def _precompile_host(
         key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=state.rng.sharding)
         jobs = []
         for batch in batches():
-            args = _update_args(rollout_program, state.params, batch, key, task, s, plan)
+            args = memory_fit.update_args(rollout_program, state.params, batch, key, task, s, plan)
             jobs.append(lambda b=batch: rollout_program.lower(state.params, b, key).compile())
             if not s.rl.packs():  # a packed update's shape is known only from its rollout
                 jobs.append(lambda a=args: update_fn.lower(state, *a).compile())
@@ -537,48 +511,6 @@ def build_partial_batch(
     return partial_batch
 
 
-def resolve_microbatches(
-    s: Settings,
-    model_cfg: ModelConfig,
-    task: Task,
-    state: TrainState,
-    batch: ts.Batch,
-    plan: sharding_plan.StepShardings,
-    log: Callable[[str], None] = print,
-) -> Settings:
-    """`s` with `rl.num_microbatches="auto"` replaced by the fewest microbatches whose step
-    program fits the device's memory (`rl.memory`), compiled on the shapes of `state` and
-    `batch` (nothing runs); other settings come back unchanged.
-
-    The program measured is the one the stage runs: the whole fused step for an in-graph
-    verifier, the update otherwise (the rollout does not depend on the microbatch count).
-    """
-    if not s.rl.auto_microbatches:
-        return s
-    optimizer = state_lib.make_optimizer(s.optim)
-    schedule = state_lib.learning_rate_schedule(s.optim)
-    fused = fused_step(s, task)
-
-    def measure(rl) -> memory_lib.ProgramMemory:
-        if fused:
-            reward_fn = jax_reward_fn(task, s.reward, rl.group_size)
-            step = ts.build_train_step(model_cfg, rl, optimizer, schedule, reward_fn, plan)
-            return memory_lib.program_memory(step.lower(state, batch).compile())
-        rollout_program = ts.build_rollout(model_cfg, rl, plan)
-        args = _update_args(rollout_program, state.params, batch, jax.random.key(0), task, s, plan)
-        update = ts.build_update(model_cfg, rl, optimizer, schedule, plan)
-        return memory_lib.program_memory(update.lower(state, *args).compile())
-
-    try:
-        choice = memory_lib.fewest_microbatches(
-            s.rl, batch.prompt_NP.shape[0], measure, memory_lib.memory_budget(s.rl)
-        )
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    log(choice.summary())
-    return dataclasses.replace(s, rl=dataclasses.replace(s.rl, num_microbatches=choice.count))
-
-
 def run(
     settings: Settings,
     workdir: str | Path,
@@ -620,24 +552,34 @@ def run(
         use_reference=s.rl.loss.kl_beta > 0,
         critic=build.critic_state(s, params),
     )
-    # The state lives on the mesh from here on; the jitted programs keep its layout.
-    rows = s.train.batch_prompts * s.rl.group_size
-    plan = sharding_plan.plan_step(state, model_cfg, sharding.make_mesh(s.mesh), rows)
-    state = sharding.place(state, plan.state)
     all_examples = [*enc_train.examples, *enc_eval.examples]
     task = build_task(s.reward, tok, model_cfg.vocab_size, all_examples, s.data.template)
+    # The step's memory is measured at the longest prompt bucket: the most any step can need.
+    B, G, longest = s.train.batch_prompts, s.rl.group_size, (max(s.data.buckets),)
     try:
+        first = make_batch(enc_train.ids[:B], enc_train.examples[:B], G, longest, tok.pad_id, task)
+        # The recorded settings keep "auto"; the step runs on `step_s`, its values resolved.
+        step_s = memory_fit.resolve_seq(s, model_cfg, task, state, first, fused_step(s, task), log)
+        # The state lives on the mesh from here on; the jitted programs keep its layout.
+        rows = B * G
+        plan = sharding_plan.plan_step(state, model_cfg, sharding.make_mesh(step_s.mesh), rows)
+        state = sharding.place(state, plan.state)
         # Learned parts ("preference", "judge") wrap the verifier's task: the loop sees one task.
         task = learned_rewards.wrap_task(task, s, tok, params, model_cfg, plan.mesh, log)
     except BaseException:
         task.close()
         raise
     with task:
-        # Measured at the longest prompt bucket: the most memory any step can need.
-        B, G, longest = s.train.batch_prompts, s.rl.group_size, (max(s.data.buckets),)
         first = make_batch(enc_train.ids[:B], enc_train.examples[:B], G, longest, tok.pad_id, task)
-        step_s = resolve_microbatches(
-            s, model_cfg, task, state, sharding.place(first, plan.rows), plan, log
+        step_s = memory_fit.resolve_microbatches(
+            step_s,
+            model_cfg,
+            task,
+            state,
+            sharding.place(first, plan.rows),
+            plan,
+            fused_step(step_s, task),
+            log,
         )
         step, precompile = build_rl_step(
             step_s, model_cfg, task, sampler, enc_train, plan, tok.pad_id
