@@ -13,6 +13,7 @@ import pytest
 
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.runtime import resume_settings
 from rlvr_jax.program.stages import rl_stage
 from tests.test_bad_settings import _tiny
 from tests.test_main import REPO, TINY
@@ -63,7 +64,7 @@ def test_every_changed_field_is_listed(finished):
 
 
 def test_free_settings_change_without_a_flag():
-    diffs = settings_lib.resume_differences(
+    diffs = resume_settings.resume_differences(
         settings_lib.plain_settings(_settings()),
         _settings(train__steps=9, train__checkpoint_every=3, eval__batch_prompts=16),
     )

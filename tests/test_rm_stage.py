@@ -15,6 +15,7 @@ from rlvr_jax.envs.task import Task, host_rewards
 from rlvr_jax.model import sharding
 from rlvr_jax.program import settings as settings_lib
 from rlvr_jax.program.parts import build, learned_rewards
+from rlvr_jax.program.runtime import resume_settings
 from rlvr_jax.program.stages import dispatch
 from rlvr_jax.types import FINISH_EOS, Rollout
 
@@ -109,8 +110,8 @@ def test_a_checkpoint_that_predates_the_new_fields_resumes_at_their_defaults():
     del saved["rm"]
     for name in ("rm_path", "rm_weight", "judge_model", "judge_template"):
         del saved["reward"][name]
-    assert settings_lib.resume_differences(saved, s) == []
+    assert resume_settings.resume_differences(saved, s) == []
     c = tiny.get_config()
     c.reward.rm_weight = 2.0
-    changed = settings_lib.resume_differences(saved, settings_lib.settings_from_config(c))
+    changed = resume_settings.resume_differences(saved, settings_lib.settings_from_config(c))
     assert changed == ["reward.rm_weight: '<absent>' in the checkpoint, 2.0 now"]

@@ -214,7 +214,7 @@ def test_partial_rollouts_keep_each_round_s_experts(slots):
     prompts = jax.device_get(_rollout(1))
     budget = 3
     segment_sampler = dataclasses.replace(SAMPLER, max_new_tokens=budget)
-    # As `rl_stage.build_partial_batch` builds it: a round's rows have their own contexts.
+    # As `partial_stage.build_partial_batch` builds it: a round's rows have their own contexts.
     rl = ts.RLConfig(
         group_size=G, sampler=segment_sampler, decode_slots=slots, shared_prompt_forward=False
     )

@@ -23,12 +23,8 @@ import jax
 import numpy as np
 
 from rlvr_jax.program.runtime import ledger
-from rlvr_jax.program.settings import (
-    SETTINGS_FILE,
-    TOKENIZER_FILLED,
-    Settings,
-    resume_differences,
-)
+from rlvr_jax.program.runtime.resume_settings import TOKENIZER_FILLED, resume_differences
+from rlvr_jax.program.settings import SETTINGS_FILE, Settings
 
 CHECKPOINTS = "checkpoints"
 

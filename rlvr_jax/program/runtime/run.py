@@ -18,9 +18,9 @@ background saving released, so the process can exit at once.
 
 The checkpoint's host item holds {"step", "data" (the sampler's state), "eval_before",
 "settings"}. A resume whose settings change what the checkpoint means (the group size, the data,
-the optimizer's moments: every field outside `settings.RESUME_FREE`) fails before the first step,
-naming each field and both values, unless `allow_changed_settings`; only then, and for a fresh
-run, is `<workdir>/settings.json` written.
+the optimizer's moments: every field outside `resume_settings.RESUME_FREE`) fails before the
+first step, naming each field and both values, unless `allow_changed_settings`; only then, and
+for a fresh run, is `<workdir>/settings.json` written.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from rlvr_jax.model.transformer import Params
 from rlvr_jax.program.runtime import checkpoint as ckpt_lib
 from rlvr_jax.program.runtime import compilation, finished, preemption, workdir_lock
 from rlvr_jax.program.runtime import metrics as metrics_lib
-from rlvr_jax.program.settings import Settings, plain_settings, resume_differences, save_settings
+from rlvr_jax.program.runtime.resume_settings import resume_differences
+from rlvr_jax.program.settings import Settings, plain_settings, save_settings
 from rlvr_jax.rl.state import TrainState
 
 Evaluate = Callable[[Params], dict[str, float]]
