@@ -116,3 +116,38 @@ def test_an_error_with_nothing_left_running_exits_normally():
     )
     assert done.returncode == 130, done.stderr
     assert "exit handlers ran" in done.stdout and "without waiting" not in done.stderr
+
+
+def test_a_stop_signal_ignored_where_it_landed_still_keeps_the_loop_from_starting():
+    """Python runs a signal handler between any two bytecodes, a finaliser's too, and an
+    exception raised there is printed and ignored: the loop's guard must still refuse to start
+    (the run would otherwise train and exit 0)."""
+    script = textwrap.dedent(
+        """
+        import os, signal
+        from rlvr_jax.program.runtime import preemption
+
+        preemption.install_outside_loop()
+
+        class Finalised:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler runs in here
+
+        Finalised()  # collected at once: the StoppedOutsideLoop is ignored in __del__
+        print("start-up went on", flush=True)
+        preemption.PreemptionGuard().install()
+        print("the loop started", flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Exception ignored in" in done.stderr, done.stderr
+    assert "start-up went on" in done.stdout
+    assert "the loop started" not in done.stdout
+    assert done.returncode == 128 + signal.SIGTERM, (done.stdout, done.stderr)

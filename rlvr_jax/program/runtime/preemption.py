@@ -75,7 +75,14 @@ class PreemptionGuard:
     _previous: dict[int, Any] = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def install(self) -> PreemptionGuard:
-        """Installs the handlers, remembering the previous ones."""
+        """Installs the handlers, remembering the previous ones.
+
+        Raises:
+          StoppedOutsideLoop: a stop signal arrived during start-up and its exception was
+            ignored where it landed: the loop must not start.
+        """
+        if _STOPPED_OUTSIDE:
+            raise StoppedOutsideLoop(_STOPPED_OUTSIDE[0])
         if self._previous:
             raise RuntimeError("PreemptionGuard is already installed")
         for sig in self.signals:
@@ -204,11 +211,18 @@ class _EntryPoint:
 _ENTRY_POINT = _EntryPoint()
 
 
+# The exit status of a stop signal received outside the loop (at most one entry).
+_STOPPED_OUTSIDE: list[int] = []
+
+
 def _stop_outside_loop(signum: int, frame: FrameType | None) -> None:
     del frame
     _say(outside_loop_message(signum))
-    # The exception can land in a callback that ignores it: the watchdog ends the process then.
+    # The exception can land in a callback that ignores it (Python runs a handler between any
+    # two bytecodes, a finaliser's included): the watchdog ends the process then, and the
+    # training loop does not start (`PreemptionGuard.install`).
     _start_watchdog(128 + signum, EXIT_GRACE_S)
+    _STOPPED_OUTSIDE[:] = [128 + signum]
     raise StoppedOutsideLoop(128 + signum)
 
 
