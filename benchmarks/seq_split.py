@@ -4,6 +4,7 @@ Command:
   python benchmarks/seq_split.py                                   # qwen3-8b, 2 layers, 16k
   python benchmarks/seq_split.py --layers 36 --lengths 16384,32768  # all of its layers
   python benchmarks/seq_split.py --preset tiny --layers 2 --lengths 4096,8192
+  python benchmarks/seq_split.py --preset qwen3-0.6b --layers 4 --lengths 8192 --time 3
 
 Compiles (never runs) `jax.jit(jax.grad(loss))` of one row's teacher-forced log-probs
 (`logprobs.next_token_logprobs`, the update's flat forward and backward: remat, blockwise
@@ -28,6 +29,15 @@ Results (XLA:CPU, 2026-12-04), quoted in docs/scaling.md:
     32768     4    2      12.63       1.91
     32768     2    4       9.78       1.91
     32768     1    8       8.65       1.91
+
+  python benchmarks/seq_split.py --preset smollm2-135m --layers 4 --lengths 4096 --time 2
+  (the 8 fake devices share 2 cores: the time is all devices' work together)
+  smollm2-135m, 4 layers, bf16, one row, 8 devices
+        T  fsdp  seq   temp GiB   args GiB   median s  / seq 1
+     4096     8    1       0.22       0.01     44.496    1.00x
+     4096     4    2       0.13       0.01     22.094    0.50x
+     4096     2    4       0.16       0.01     13.920    0.31x
+     4096     1    8       0.22       0.01      8.568    0.19x
 """
 
 from __future__ import annotations
@@ -48,11 +58,15 @@ def _args() -> argparse.Namespace:
     p.add_argument("--lengths", default="16384")
     p.add_argument("--meshes", default="1,2,4,8", help="seq sizes; fsdp takes the rest")
     p.add_argument("--devices", type=int, default=8)
+    p.add_argument(
+        "--time", type=int, default=0, help="also run each mesh's program this many times"
+    )
     return p.parse_args()
 
 
-def _memory(cfg, T: int, fsdp: int, seq: int):
-    """The compiled memory analysis of one row's log-prob gradient on an fsdp x seq mesh."""
+def _compiled(cfg, T: int, fsdp: int, seq: int):
+    """One row's log-prob gradient on an fsdp x seq mesh, compiled; with its parameter and row
+    shardings."""
     import jax
     import jax.numpy as jnp
 
@@ -75,7 +89,28 @@ def _memory(cfg, T: int, fsdp: int, seq: int):
 
     tokens = jax.ShapeDtypeStruct((1, T), jnp.int32, sharding=rows)
     grad = jax.jit(jax.grad(loss), in_shardings=(shardings, rows), out_shardings=shardings)
-    return grad.lower(params, tokens).compile().memory_analysis()
+    return grad.lower(params, tokens).compile(), shardings, rows
+
+
+def _seconds(cfg, compiled, shardings, rows, T: int, runs: int) -> float:
+    """The median wall time of `runs` calls of `compiled` on random weights and tokens (after
+    one call that is not counted)."""
+    import statistics
+    import time
+
+    import jax
+
+    from rlvr_jax.model import transformer as tf
+
+    params = jax.device_put(tf.init_params(jax.random.key(0), cfg), shardings)
+    tokens = jax.device_put(jax.random.randint(jax.random.key(1), (1, T), 0, cfg.vocab_size), rows)
+    jax.block_until_ready(compiled(params, tokens))
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(params, tokens))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def main() -> None:
@@ -94,14 +129,22 @@ def main() -> None:
         attention_block=512,
     )
     print(f"{args.preset}, {args.layers} layers, bf16, one row, {args.devices} devices")
-    print(f"{'T':>7}  {'fsdp':>4}  {'seq':>3}  {'temp GiB':>9}  {'args GiB':>9}")
+    timed = f"  {'median s':>9}  {'/ seq 1':>7}" if args.time else ""
+    print(f"{'T':>7}  {'fsdp':>4}  {'seq':>3}  {'temp GiB':>9}  {'args GiB':>9}{timed}")
     for T in (int(x) for x in args.lengths.split(",")):
+        first = None
         for seq in (int(x) for x in args.meshes.split(",")):
             fsdp = args.devices // seq
-            memory = _memory(cfg, T, fsdp, seq)
+            compiled, shardings, rows = _compiled(cfg, T, fsdp, seq)
+            memory = compiled.memory_analysis()
             temp = memory.temp_size_in_bytes / 2**30
             held = memory.argument_size_in_bytes / 2**30
-            print(f"{T:>7}  {fsdp:>4}  {seq:>3}  {temp:>9.2f}  {held:>9.2f}", flush=True)
+            line = f"{T:>7}  {fsdp:>4}  {seq:>3}  {temp:>9.2f}  {held:>9.2f}"
+            if args.time:
+                seconds = _seconds(cfg, compiled, shardings, rows, T, args.time)
+                first = first or seconds
+                line += f"  {seconds:>9.3f}  {seconds / first:>6.2f}x"
+            print(line, flush=True)
 
 
 if __name__ == "__main__":
