@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-from jax._src import distributed  # the client of the coordination service jax started
 
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.program import settings as settings_lib
@@ -77,6 +76,10 @@ def check_processes_agree(settings: settings_lib.Settings, timeout_s: float = TI
     count, me = jax.process_count(), jax.process_index()
     if count == 1:
         return
+    # jax has no public handle on its coordination service's key-value store; the private one
+    # is imported here so that only a run of several processes depends on it.
+    from jax._src import distributed
+
     client = distributed.global_state.client
     mine = start_record(settings)
     client.key_value_set(KEY.format(process=me), json.dumps(mine, sort_keys=True))
