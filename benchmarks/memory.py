@@ -88,17 +88,6 @@ HBM = 16 * GiB  # one TPU v5e chip
 G = 8
 
 
-def _abstract(tree, shardings):
-    """ShapeDtypeStructs carrying `shardings` (a pytree prefix of `tree`)."""
-    if isinstance(shardings, jax.sharding.Sharding):
-        return jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings), tree
-        )
-    return jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
-    )
-
-
 def _rollout_shapes(N: int, P: int, T: int) -> Rollout:
     s = jax.ShapeDtypeStruct
     return Rollout(
@@ -172,8 +161,8 @@ def measure(
         rollout = _rollout_shapes(rows, prompt, length)
         rep = plan.replicated
         lowered = fn.lower(
-            _abstract(state, plan.state),
-            _abstract(rollout, rep),
+            memory_lib.abstract_like(state, plan.state),
+            memory_lib.abstract_like(rollout, rep),
             jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=rep),
             {"correct": jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=rep)},
         )
@@ -185,8 +174,8 @@ def measure(
         )
         key = jax.eval_shape(lambda: jax.random.key(0))
         lowered = fn.lower(
-            _abstract(state.params, plan.state.params),
-            _abstract(batch, plan.rows),
+            memory_lib.abstract_like(state.params, plan.state.params),
+            memory_lib.abstract_like(batch, plan.rows),
             jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=plan.replicated),
         )
     compiled = lowered.compile()

@@ -84,8 +84,8 @@ def measured(step) -> dict[tuple[int, int], int]:
     rows = step.batch.prompt_NP.shape[0]
     for mesh in memory_fit.seq_candidates(step.s, jax.device_count()):
         plan = sharding_plan.plan_step(step.state, step.model_cfg, sharding.make_mesh(mesh), rows)
-        state = memory_fit._abstract(step.state, plan.state)
-        batch = memory_fit._abstract(step.batch, plan.rows)
+        state = memory.abstract_like(step.state, plan.state)
+        batch = memory.abstract_like(step.batch, plan.rows)
         measure = memory_fit.step_memory(
             step.s, step.model_cfg, step.task, state, batch, plan, fused=True
         )
@@ -201,8 +201,8 @@ def test_a_numbered_split_keeps_its_own_fewest_microbatches(step, measured):
     )
     rows = step.batch.prompt_NP.shape[0]
     plan = sharding_plan.plan_step(step.state, step.model_cfg, sharding.make_mesh(s.mesh), rows)
-    state = memory_fit._abstract(step.state, plan.state)
-    batch = memory_fit._abstract(step.batch, plan.rows)
+    state = memory.abstract_like(step.state, plan.state)
+    batch = memory.abstract_like(step.batch, plan.rows)
     assert memory_fit.resolve_seq(s, step.model_cfg, step.task, state, batch, True) is s
     lines = []
     resolved = memory_fit.resolve_microbatches(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 
@@ -46,6 +47,18 @@ class ProgramMemory:
     @property
     def total(self) -> int:
         return self.arguments + self.outputs - self.aliased + self.temps
+
+
+def abstract_like(tree: Any, shardings: Any) -> Any:
+    """`jax.ShapeDtypeStruct`s of `tree`'s leaves carrying `shardings` (one sharding, or a tree
+    like `tree`'s): what `lower` compiles on without anything placed or allocated."""
+    if isinstance(shardings, jax.sharding.Sharding):
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings), tree
+        )
+    return jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree, shardings
+    )
 
 
 def program_memory(compiled: jax.stages.Compiled) -> ProgramMemory:

@@ -22,6 +22,7 @@ import jax
 
 from rlvr_jax.config_types import ConfigError
 from rlvr_jax.program import settings as settings_lib
+from rlvr_jax.program.runtime.resume_settings import flatten
 
 PACKAGE = Path(__file__).resolve().parents[2]
 KEY = "rlvr_jax/start/{process}"
@@ -47,17 +48,9 @@ def start_record(settings: settings_lib.Settings) -> dict[str, Any]:
     return {"settings": settings_lib.plain_settings(settings), "code": code_fingerprint()}
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    """{"rl": {"group_size": 8}} -> {"rl.group_size": 8}."""
-    if not isinstance(d, dict):
-        return {prefix: d}
-    dotted = lambda key: f"{prefix}.{key}" if prefix else str(key)  # noqa: E731
-    return {k: v for key, sub in d.items() for k, v in _flatten(sub, dotted(key)).items()}
-
-
 def differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
     """The fields where two start records differ, as "field: mine -> theirs" (sorted)."""
-    a, b = _flatten(mine["settings"]), _flatten(theirs["settings"])
+    a, b = flatten(mine["settings"]), flatten(theirs["settings"])
     a["code"], b["code"] = mine["code"], theirs["code"]
     return [
         f"{name}: {a.get(name, '<absent>')!r} -> {b.get(name, '<absent>')!r}"

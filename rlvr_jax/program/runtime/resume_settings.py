@@ -51,12 +51,13 @@ RESUME_FREE = frozenset(
 )
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """{"rl": {"group_size": 8}} -> {"rl.group_size": 8}."""
     if not isinstance(d, dict):
         return {prefix: d}
     out: dict[str, Any] = {}
     for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}.{k}" if prefix else k))
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else k))
     return out
 
 
@@ -76,8 +77,8 @@ def resume_differences(
     from its record) that is at its default now is not a difference: a new field's default
     keeps what runs did before it existed.
     """
-    old, new = _flatten(saved), _flatten(plain_settings(settings))
-    defaults = _flatten(json.loads(json.dumps(default_config().to_dict())))
+    old, new = flatten(saved), flatten(plain_settings(settings))
+    defaults = flatten(json.loads(json.dumps(default_config().to_dict())))
     out = []
     for name in sorted(set(old) | set(new)):
         if name in free:

@@ -133,17 +133,6 @@ def seq_candidates(s: Settings, num_devices: int) -> list[sharding.MeshConfig]:
     return out
 
 
-def _abstract(tree: Any, shardings: Any) -> Any:
-    """ShapeDtypeStructs of `tree` carrying `shardings` (one, or a tree like `tree`'s)."""
-    if isinstance(shardings, jax.sharding.Sharding):
-        return jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings), tree
-        )
-    return jax.tree.map(
-        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree, shardings
-    )
-
-
 def resolve_seq(
     s: Settings,
     model_cfg: ModelConfig,
@@ -173,7 +162,8 @@ def resolve_seq(
 
     def search(seq: int) -> memory_lib.MicrobatchChoice:
         plan = sharding_plan.plan_step(state, model_cfg, sharding.make_mesh(meshes[seq]), rows)
-        shaped = _abstract(state, plan.state), _abstract(batch, plan.rows)
+        abstract = memory_lib.abstract_like
+        shaped = abstract(state, plan.state), abstract(batch, plan.rows)
         measure = step_memory(s, model_cfg, task, *shaped, plan, fused)
         return memory_lib.microbatch_search(s.rl, rows, measure, budget)
 
