@@ -102,7 +102,8 @@ def smollm_rows(N: int, P: int, seed: int):
 
 
 def timed(params, cfg, scfg, prompt_NP, lengths_N, sp, num_slots: int | None) -> Callable:
-    """A timed call of one side (static when num_slots is None), compiled on creation.
+    """A timed call of one side (static when num_slots is None), compiled ahead of time on
+    creation (not run: a long rollout would run twice).
 
     Returns:
       run() -> (seconds, rollout, stats); the cache is donated and kept between calls.
@@ -111,37 +112,31 @@ def timed(params, cfg, scfg, prompt_NP, lengths_N, sp, num_slots: int | None) ->
     rows = N if num_slots is None else num_slots
     state = {"cache": init_decode_cache(cfg, scfg, rows, P)}
     key = jax.random.key(0)  # the same key on both sides: the same rollout
+    args = (params, prompt_NP, lengths_N, key, sp)
+    t0 = time.perf_counter()
+    if num_slots is None:
+        program = generate.lower(*args, state["cache"], model_cfg=cfg, cfg=scfg).compile()
+    else:
+        program = generate_continuous.lower(
+            *args, state["cache"], model_cfg=cfg, cfg=scfg, num_slots=num_slots
+        ).compile()
+    print(
+        f"  compiled {'static' if num_slots is None else f'{num_slots} slots'} "
+        f"in {time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
 
     def run():
         t0 = time.perf_counter()
         if num_slots is None:
-            r, state["cache"] = generate(
-                params, prompt_NP, lengths_N, key, sp, state["cache"], model_cfg=cfg, cfg=scfg
-            )
+            r, state["cache"] = program(*args, state["cache"])
             jax.block_until_ready(r)
             seconds = time.perf_counter() - t0
             return seconds, r, static_stats(np.asarray(r.lengths_N))
-        r, stats, state["cache"] = generate_continuous(
-            params,
-            prompt_NP,
-            lengths_N,
-            key,
-            sp,
-            state["cache"],
-            model_cfg=cfg,
-            cfg=scfg,
-            num_slots=num_slots,
-        )
+        r, stats, state["cache"] = program(*args, state["cache"])
         jax.block_until_ready(r)
         return time.perf_counter() - t0, r, stats
 
-    t0 = time.perf_counter()
-    run()
-    print(
-        f"  compiled {'static' if num_slots is None else f'{num_slots} slots'} "
-        f"and ran once in {time.perf_counter() - t0:.1f} s",
-        flush=True,
-    )
     return run
 
 
@@ -212,9 +207,11 @@ def smollm_workload(N: int, T: int, slots: tuple[int, ...], repeats: int) -> lis
     return compare(name, params, cfg, scfg, prompt, lengths, sp, slots, repeats)
 
 
-def gsm8k_workload(N: int, T: int, slots: tuple[int, ...], repeats: int, G: int = 8) -> list:
+def gsm8k_workload(
+    N: int, T: int, slots: tuple[int, ...], repeats: int, temperature: float, G: int = 8
+) -> list:
     """(c): SmolLM2-135M on GSM8K questions asked step by step, G samples each (an RL step's
-    rows), temperature 1; needs ../shared/data."""
+    rows); needs ../shared/data."""
     from rlvr_jax.data.tokenizer import Tokenizer
     from rlvr_jax.model import gguf
 
@@ -240,8 +237,8 @@ def gsm8k_workload(N: int, T: int, slots: tuple[int, ...], repeats: int, G: int 
     P = -(-max(map(len, ids)) // 32) * 32
     prompt, lengths = bucket_and_pad(ids, (P,), pad_id=tok.pad_id)
     scfg = SamplerConfig(max_new_tokens=T, eos_ids=tok.eos_ids, pad_id=0)
-    sp = sampling_params(N, temperature=1.0)
-    name = f"SmolLM2-135M, GSM8K step by step, {N // G} x {G}"
+    sp = sampling_params(N, temperature=temperature)
+    name = f"SmolLM2-135M, GSM8K step by step, {N // G} x {G}, temperature {temperature:g}"
     return compare(name, params, cfg, scfg, prompt, lengths, sp, slots, repeats)
 
 
@@ -253,6 +250,7 @@ def main() -> None:
     parser.add_argument("--gsm8k-rows", type=int, default=128)
     parser.add_argument("--gsm8k-tokens", type=int, default=256)
     parser.add_argument("--gsm8k-slots", default="32,64", help="comma-separated slot counts")
+    parser.add_argument("--gsm8k-temperature", type=float, default=0.7)
     args = parser.parse_args()
     if args.quick:
         args.repeats = 2
@@ -268,7 +266,9 @@ def main() -> None:
         rows += smollm_workload(smol_N, smol_T, smol_slots, args.repeats)
     if "gsm8k" in workloads:
         slots = tuple(int(m) for m in args.gsm8k_slots.split(","))
-        rows += gsm8k_workload(args.gsm8k_rows, args.gsm8k_tokens, slots, args.repeats)
+        rows += gsm8k_workload(
+            args.gsm8k_rows, args.gsm8k_tokens, slots, args.repeats, args.gsm8k_temperature
+        )
     print(f"\nmedian of {args.repeats} runs after compilation\n")
     print(
         "| workload | sampler | slots | wall s | decode steps | slot util | static/this wall "

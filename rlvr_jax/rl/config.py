@@ -58,12 +58,13 @@ class RLConfig:
       pack: the packed update (`rl.packing`): the step's rows packed by their real lengths
         into a packed row per row shard and microbatch, each group's prompt once, so that the
         update's forwards and backward skip the padding; the numbers are the padded update's
-        to float noise. It needs one minibatch, runs the rollout and the update as two programs
-        (the packing is planned on the host between them) and compiles one update per packed
-        shape its steps reach (`packing.length_buckets`). A step whose rows are too even for
-        packing to pay runs the padded update (`packing.worth_packing`). "auto" (the default):
-        packed where the step is already two programs (a host verifier, dynamic sampling,
-        partial rollouts, tools) with one minibatch; True also splits a fused step.
+        to float noise. It runs the rollout and the update as two programs (the packing is
+        planned on the host between them) and compiles one update per packed shape its steps
+        reach (`packing.length_buckets`). With several minibatches each is packed alone, in the
+        order the update shuffles the rows (`packing.plan_minibatches`). A step whose rows are
+        too even for packing to pay runs the padded update (`packing.worth_packing`). "auto"
+        (the default): packed where the step is already two programs (a host verifier, dynamic
+        sampling, partial rollouts, tools); True also splits a fused step.
       pack_length: tokens per packed row, with bucketed row counts (`packing.row_buckets`);
         0: one packed row per row shard and microbatch, its length chosen per step
         (`packing.length_buckets`: multiples of `model.attention_block`, at most a sixteenth
@@ -118,11 +119,6 @@ class RLConfig:
                 raise ValueError(f"rl.{name}={value!r} must be >= 0 (0: the default)")
         if self.pack not in (True, False, "auto"):
             raise ValueError(f'rl.pack={self.pack!r} must be True, False or "auto"')
-        if self.pack is True and self.num_minibatches != 1:
-            raise ValueError(
-                f"rl.pack=True with rl.num_minibatches={self.num_minibatches}: the packed update "
-                "takes one minibatch (minibatches shuffle rows after the packing is planned)"
-            )
         if not self.memory_budget_gib >= 0:
             raise ValueError(f"rl.memory_budget_gib={self.memory_budget_gib} must be >= 0")
         if self.advantage.estimator == "pass_at_k" and self.advantage.pass_k > self.group_size:
@@ -157,7 +153,7 @@ class RLConfig:
 
     def packs(self) -> bool:
         """Whether a two-program step packs its update's rows (`pack`)."""
-        return self.pack is True or (self.pack == "auto" and self.num_minibatches == 1)
+        return self.pack in (True, "auto")
 
     def _check_partial(self) -> None:
         budget = self.partial_budget

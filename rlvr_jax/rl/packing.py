@@ -64,14 +64,14 @@ class Packing:
 
     @property
     def num_microbatches(self) -> int:
-        return self.src_MRL.shape[0]
+        return self.src_MRL.shape[-3]
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
         """(M, R, L, K): microbatches, packed rows and their length, and the predicting
         positions per packed row; the shapes a compiled update program is specialised to."""
-        M, R, L = self.src_MRL.shape
-        return M, R, L, self.at_MK.shape[1] // R
+        M, R, L = self.src_MRL.shape[-3:]  # minibatches' layouts are stacked in front
+        return M, R, L, self.at_MK.shape[-1] // R
 
 
 def _buckets(limit: int, unit: int, per_doubling: int) -> list[int]:
@@ -130,6 +130,7 @@ def plan(
     block: int = 128,
     skips_blocks: bool = True,
     reuse: Collection[tuple[int, int, int, int]] = (),
+    min_microbatches: int = 1,
 ) -> Packing:
     """The packed layout of one rollout's rows (host numpy arrays).
 
@@ -143,8 +144,9 @@ def plan(
         rows of 2 S).
       num_microbatches: the padded update's microbatches, each of N / M rows of S tokens.
       microbatch_tokens: the token budget of one packed microbatch; 0: the padded
-        microbatch's, (N / M) x S, so that a packed one fits where a padded one does. The rows
-        go to the fewest microbatches within the budget that hold them, balanced by tokens.
+        microbatch's, (N / M) x S, so that a packed one fits where a padded one does (at
+        least `row_multiple` x S: a packed row per row shard). The rows go to the fewest
+        microbatches within the budget that hold them, balanced by tokens.
       row_multiple: every microbatch's packed row count is a multiple of this (the mesh's row
         shards).
       group_size: G > 1: rows `g * G ... g * G + G - 1` share their prompt, which is packed
@@ -160,6 +162,8 @@ def plan(
         compiled: the smallest that holds this step's rows for at most `REUSE_SLACK` more
         token positions than the fresh shape is taken instead of it, so that a run whose
         lengths drift compiles a few shapes, not one per step.
+      min_microbatches: at least this many microbatches (`plan_minibatches` gives every
+        minibatch the count the fullest one needs).
 
     Returns:
       The `Packing` of M' microbatches of the smallest (R, L) that `_fill` fills, and of
@@ -172,17 +176,16 @@ def plan(
     p_N, c_N = real_lengths(prompt_lengths_N, mask_NT)
     if G >= BRANCHES:
         raise ValueError(f"group size {G}: a packed prompt has at most {BRANCHES - 1} branches")
-    if N % (num_microbatches * row_multiple) or N % G:
+    if N % num_microbatches or N % G:
         raise ValueError(
-            f"{N} rows do not split into groups of {G}, nor into {num_microbatches} "
-            f"microbatches of a multiple of {row_multiple} rows"
+            f"{N} rows do not split into groups of {G}, nor into {num_microbatches} microbatches"
         )
-    budget = microbatch_tokens or N // num_microbatches * S
+    budget = microbatch_tokens or max(N // num_microbatches, row_multiple) * S
     if not (length or skips_blocks):
         length = 2 * S if budget // (2 * S) >= row_multiple else S
     shapes = _shapes(budget, length, row_multiple, block)
     groups = _groups(p_N, c_N, G, shapes[-1][1], length)
-    M, R, L, rows = _layout(groups, p_N, c_N, shapes)
+    M, R, L, rows = _layout(groups, p_N, c_N, shapes, min_microbatches)
     placed = _place(rows, p_N, c_N, (M, R, L), prompt_len, T)
     plan_args = (shapes[-1][1], prompt_len, T)
     most = -(-max(map(len, placed[2])) // R)
@@ -195,6 +198,65 @@ def plan(
         at_MK[m, : len(at[m])] = at[m]
         tgt_MK[m, : len(tgt[m])] = tgt[m]
     return Packing(src, segment, at_MK, tgt_MK, pred, micro)
+
+
+def pad_to(packing: Packing, shape: tuple[int, int, int, int]) -> Packing:
+    """`packing` (host arrays) in a shape (M, R, L, K per packed row) at least as large in each
+    dimension: the microbatches, packed rows, positions and predicting positions it adds are
+    padding, so the layout computes the same log-probs."""
+    M, R, L, Kr = shape
+    M0, R0, L0, Kr0 = packing.shape
+    if not (M0 <= M and R0 <= R and L0 <= L and Kr0 <= Kr and Kr <= L):
+        raise ValueError(f"a packed shape {packing.shape} does not fit in {shape}")
+    src, segment = np.zeros((M, R, L), np.int32), np.zeros((M, R, L), np.int32)
+    src[:M0, :R0, :L0] = packing.src_MRL
+    segment[:M0, :R0, :L0] = packing.segment_MRL
+    r, pos = np.divmod(np.asarray(packing.at_MK), L0)  # flat (R0, L0) -> flat (R, L)
+    at_MK, tgt_MK = np.zeros((M, R * Kr), np.int32), np.zeros((M, R * Kr), np.int32)
+    at_MK[:M0, : R0 * Kr0] = r * L + pos
+    tgt_MK[:M0, : R0 * Kr0] = packing.tgt_MK
+    return Packing(src, segment, at_MK, tgt_MK, packing.pred_NT, packing.micro_N)
+
+
+def plan_minibatches(
+    prompt_lengths_N: np.ndarray,
+    mask_NT: np.ndarray,
+    prompt_len: int,
+    orders_PN: np.ndarray,
+    num_minibatches: int,
+    reuse: Collection[tuple[int, int, int, int]] = (),
+    **kwargs,
+) -> Packing:
+    """The packed layouts of a step's minibatches: pass p's minibatch j holds rows
+    `orders_PN[p, j * n : (j + 1) * n]` (n = N / num_minibatches, in that order, as the update
+    shuffles them: `update.minibatch_orders`), planned alone with a prompt per row (shuffled
+    rows do not keep their groups) and indexed into the minibatch's rows. All take one shape,
+    the largest of theirs in each dimension (`pad_to`; the microbatch count by planning again),
+    so that one program runs them; fields stacked (passes, minibatches, ...). `kwargs` as
+    `plan`'s; `reuse` offers the earlier steps' shapes to each minibatch."""
+    N = np.shape(mask_NT)[0]
+    if N % num_minibatches:
+        raise ValueError(f"{N} rows do not split into {num_minibatches} minibatches")
+    n = N // num_minibatches
+    rows = [
+        order[j * n : (j + 1) * n]
+        for order in np.asarray(orders_PN)
+        for j in range(num_minibatches)
+    ]
+    prompt_lengths_N, mask_NT = np.asarray(prompt_lengths_N), np.asarray(mask_NT)
+    one = lambda r, **more: plan(  # noqa: E731
+        prompt_lengths_N[r], mask_NT[r], prompt_len, group_size=1, **kwargs, **more
+    )
+    plans = [one(r, reuse=reuse) for r in rows]
+    M = max(p.num_microbatches for p in plans)
+    plans = [
+        p if p.num_microbatches == M else one(r, min_microbatches=M)
+        for p, r in zip(plans, rows, strict=True)
+    ]
+    shape = tuple(max(p.shape[d] for p in plans) for d in range(4))
+    plans = [pad_to(p, shape) for p in plans]
+    stacked = jax.tree.map(lambda *xs: np.stack(xs), *plans)
+    return jax.tree.map(lambda x: x.reshape(len(orders_PN), num_minibatches, *x.shape[1:]), stacked)
 
 
 def _reused(fresh, placed, reuse, groups, p_N, c_N, plan_args) -> tuple:
@@ -252,11 +314,11 @@ def _groups(p_N: np.ndarray, c_N: np.ndarray, G: int, L: int, length: int) -> li
     return groups
 
 
-def _layout(groups, p_N, c_N, shapes) -> tuple[int, int, int, list]:
-    """(M, R, L, packed rows): the fewest microbatches, then the smallest of `shapes`, that
-    `_fill` fills with the groups."""
+def _layout(groups, p_N, c_N, shapes, min_m: int = 1) -> tuple[int, int, int, list]:
+    """(M, R, L, packed rows): the fewest microbatches (at least `min_m`), then the smallest
+    of `shapes`, that `_fill` fills with the groups."""
     tokens = sum(int(p_N[rows[0]] + c_N[rows].sum()) for rows in groups)
-    M = max(1, -(-tokens // (shapes[-1][0] * shapes[-1][1])))
+    M = max(1, min_m, -(-tokens // (shapes[-1][0] * shapes[-1][1])))
     while True:  # ends: with a packed row per real row, every row fits (`_groups`)
         for R, L in shapes:
             if tokens <= M * R * L and (rows := _fill(groups, p_N, c_N, L, M * R)) is not None:

@@ -170,9 +170,10 @@ def build_update(
     schedule: optax.Schedule,
     shardings: sharding_plan.StepShardings | None = None,
 ) -> Callable[..., tuple[TrainState, StepOutput]]:
-    """Jitted `(state, rollout, rewards_N, parts[, packing]) -> (state, StepOutput)`; the
-    state is donated. `packing` (`rl.packing.plan` of the rollout; None: the padded rows) is
-    part of the program's shape: each packed shape compiles once.
+    """Jitted `(state, rollout, rewards_N, parts[, packing, minibatch_packing]) -> (state,
+    StepOutput)`; the state is donated. `packing` (`rl.packing.plan` of the rollout; None: the
+    padded rows) and `minibatch_packing` (`rl.packing.plan_minibatches`, with several
+    minibatches) are part of the program's shape: each packed shape compiles once.
 
     With `shardings`, the rollout (as `build_rollout` returns it), the host rewards and parts come
     in replicated (host numpy arrays are accepted on every process) and are split by rows inside
@@ -187,6 +188,7 @@ def build_update(
         rewards_N: Array,
         parts: dict[str, Array],
         packing: Packing | None = None,
+        minibatch_packing: Packing | None = None,
     ) -> tuple[TrainState, StepOutput]:
         if shardings is not None:
             rollout, rewards_N, parts = jax.lax.with_sharding_constraint(
@@ -203,6 +205,7 @@ def build_update(
                 optimizer=optimizer,
                 schedule=schedule,
                 packing=packing,
+                minibatch_packing=minibatch_packing,
             )
             return state, with_useful_metrics(out, rollout, rewards_N, rl.group_size)
 
@@ -212,7 +215,7 @@ def build_update(
     return _OptionalPacking(
         jax.jit(
             update_fn,
-            in_shardings=(shardings.state, rep, rep, rep, rep),
+            in_shardings=(shardings.state, rep, rep, rep, rep, rep),
             out_shardings=(shardings.state, rep),
             donate_argnums=0,
         )
@@ -221,16 +224,16 @@ def build_update(
 
 class _OptionalPacking:
     """A jitted update with explicit shardings, which take positional arguments only, called
-    with or without its last one (`packing`, None: the padded rows)."""
+    with or without its last ones (`packing`, `minibatch_packing`; None: the padded rows)."""
 
     def __init__(self, jitted: Any):
         self.jitted = jitted
 
-    def __call__(self, state, rollout, rewards_N, parts, packing=None):
-        return self.jitted(state, rollout, rewards_N, parts, packing)
+    def __call__(self, state, rollout, rewards_N, parts, packing=None, minibatch_packing=None):
+        return self.jitted(state, rollout, rewards_N, parts, packing, minibatch_packing)
 
-    def lower(self, state, rollout, rewards_N, parts, packing=None):
-        return self.jitted.lower(state, rollout, rewards_N, parts, packing)
+    def lower(self, state, rollout, rewards_N, parts, packing=None, minibatch_packing=None):
+        return self.jitted.lower(state, rollout, rewards_N, parts, packing, minibatch_packing)
 
     def _cache_size(self) -> int:
         return self.jitted._cache_size()

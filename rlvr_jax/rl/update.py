@@ -274,6 +274,15 @@ def _normalizer(rows: TrainRows, rl: RLConfig) -> Array:
 Carry = tuple[Params, optax.OptState, Array, CriticState | None]
 
 
+def minibatch_orders(rng: Array, num_rows: int, rl: RLConfig) -> Array:
+    """(mu, N) int32: the row order each pass shuffles the rows into before splitting them
+    into minibatches, as `update` draws it from the state's key `rng` (the host plans packed
+    minibatches with it)."""
+    _, pass_key = jax.random.split(rng)
+    keys = jax.random.split(pass_key, rl.mu)
+    return jnp.stack([jax.random.permutation(k, num_rows) for k in keys])
+
+
 def optimizer_passes(
     state: TrainState,
     rows: TrainRows,
@@ -282,6 +291,7 @@ def optimizer_passes(
     rl: RLConfig,
     optimizer: optax.GradientTransformation,
     packing: Packing | None = None,
+    minibatch_packing: Packing | None = None,
 ) -> tuple[Carry, dict[str, Array]]:
     """`rl.mu x rl.num_minibatches` optimizer updates on the rows.
 
@@ -294,6 +304,9 @@ def optimizer_passes(
       optimizer: the optax transformation.
       packing: the rows' packed layout (one minibatch); its microbatches replace
         `rl.num_microbatches` equal slices of the rows.
+      minibatch_packing: with several minibatches, each minibatch's packed layout
+        (`packing.plan_minibatches` on `minibatch_orders`), fields stacked (mu,
+        num_minibatches, ...); its microbatches replace the minibatch's equal slices.
 
     Returns:
       (params, opt_state, step, critic) after the updates (critic None without a value model),
@@ -305,25 +318,32 @@ def optimizer_passes(
     grouped = rl.microbatches_hold_groups(N)
     with_critic = state.critic is not None
     if with_critic:
-        loss_fn = functools.partial(_ppo_loss, model_cfg=model_cfg, rl=rl, grouped=grouped)
         critic_optimizer = state_lib.make_critic_optimizer(rl.critic)
-    else:
-        loss_fn = functools.partial(_loss, model_cfg=model_cfg, rl=rl, grouped=grouped)
-    micro_xs = lambda mb: _split(mb, rl.microbatch_count())  # noqa: E731
-    if packing is not None:
-        if rl.num_minibatches != 1:
-            raise ValueError("a packed update takes one minibatch (rl.num_minibatches=1)")
-        packed = functools.partial(
-            _packed_loss, rows=rows, packing=packing, model_cfg=model_cfg, rl=rl
+    if packing is not None and rl.num_minibatches != 1:
+        raise ValueError(
+            f"rl.num_minibatches={rl.num_minibatches}: a packed update of several minibatches "
+            "takes each minibatch's layout (minibatch_packing), not the rows' (packing)"
         )
-        if with_critic:
-            loss_fn = packed
-        else:
-            loss_fn = lambda p, m, normalizer, count: packed(p, None, m, normalizer, count)  # noqa: E731
-        micro_xs = lambda mb: jnp.arange(packing.num_microbatches)  # noqa: E731
+    if minibatch_packing is not None and rl.num_minibatches == 1:
+        raise ValueError("minibatch_packing needs rl.num_minibatches > 1; one takes packing")
 
-    def minibatch(carry: Carry, mb: TrainRows):
+    def loss_and_micro(mb: TrainRows, pk: Packing | None) -> tuple[Any, Any]:
+        """The microbatch loss of minibatch `mb` and what its microbatches scan over: equal
+        slices of its rows, or the microbatch indices of its packed layout `pk`."""
+        if pk is None:
+            full = _ppo_loss if with_critic else _loss
+            loss_fn = functools.partial(full, model_cfg=model_cfg, rl=rl, grouped=grouped)
+            return loss_fn, _split(mb, rl.microbatch_count())
+        packed = functools.partial(_packed_loss, rows=mb, packing=pk, model_cfg=model_cfg, rl=rl)
+        micro = jnp.arange(pk.num_microbatches)
+        if with_critic:
+            return packed, micro
+        return (lambda p, m, *args: packed(p, None, m, *args)), micro
+
+    def minibatch(carry: Carry, xs: TrainRows | tuple[TrainRows, Packing]):
         params, opt_state, step, critic = carry
+        mb, pk = xs if minibatch_packing is not None else (xs, packing)
+        loss_fn, micro_xs = loss_and_micro(mb, pk)
         normalizer = _normalizer(mb, rl)
         # Differentiated: the adapters of a LoRA policy (the base is closed over, so no
         # gradient of a full weight is formed), else all the parameters.
@@ -344,7 +364,7 @@ def optimizer_passes(
             return jax.tree.map(jnp.add, grads, g), metrics
 
         zeros = jax.tree.map(jnp.zeros_like, trainable)
-        grads, metrics = jax.lax.scan(accumulate, zeros, micro_xs(mb))
+        grads, metrics = jax.lax.scan(accumulate, zeros, micro_xs)
         metrics = dict(metrics)
         if with_critic:
             grads, critic_grads = grads
@@ -360,14 +380,20 @@ def optimizer_passes(
         metrics["update_norm"] = _norm(updates)
         return (new_params, opt_state, step + 1, critic), metrics
 
-    def one_pass(carry, pass_key):
+    def one_pass(carry, xs):
+        pass_key, packs = xs
         shuffled = rows  # one minibatch: nothing to shuffle across
         if rl.num_minibatches > 1:
+            # `minibatch_orders` draws the same order on the host.
             shuffled = jax.tree.map(lambda x: x[jax.random.permutation(pass_key, N)], rows)
-        return jax.lax.scan(minibatch, carry, _split(shuffled, rl.num_minibatches))
+        minibatches = _split(shuffled, rl.num_minibatches)
+        return jax.lax.scan(
+            minibatch, carry, minibatches if packs is None else (minibatches, packs)
+        )
 
     carry = (state.params, state.opt_state, state.step, state.critic)
-    carry, stacked = jax.lax.scan(one_pass, carry, jax.random.split(key, rl.mu))
+    passes = (jax.random.split(key, rl.mu), minibatch_packing)
+    carry, stacked = jax.lax.scan(one_pass, carry, passes)
     if with_critic:
         carry = _critic_warmup(state, carry, rl)
     return carry, stacked
@@ -424,6 +450,7 @@ def update(
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
     packing: Packing | None = None,
+    minibatch_packing: Packing | None = None,
 ) -> tuple[TrainState, StepOutput]:
     """Prepares the rows, runs the optimizer passes and gathers the step's metrics.
 
@@ -436,7 +463,10 @@ def update(
       rl: the algorithm.
       optimizer: the optax transformation.
       schedule: the learning-rate schedule (logged at the step's first update).
-      packing: the packed layout of the rollout's rows (`rl.packing.plan`); None: padded rows.
+      packing: the packed layout of the rollout's rows (`rl.packing.plan`) for the frozen
+        log-probs, the critic's values and, with one minibatch, the passes; None: padded rows.
+      minibatch_packing: with several minibatches, each one's packed layout
+        (`rl.packing.plan_minibatches`); None: padded minibatches.
 
     Returns:
       The new state and the step's output.
@@ -448,7 +478,14 @@ def update(
         state, rollout, rewards_N, parts, model_cfg, rl, packing
     )
     (params, opt_state, step, critic), stacked = optimizer_passes(
-        state, rows, pass_key, model_cfg, rl, optimizer, packing
+        state,
+        rows,
+        pass_key,
+        model_cfg,
+        rl,
+        optimizer,
+        packing if rl.num_minibatches == 1 else None,
+        minibatch_packing,
     )
     results = row_results(rollout, rewards_N, rows.adv_N, parts)
     metrics = {

@@ -18,6 +18,7 @@ from rlvr_jax.rl import losses
 from rlvr_jax.rl import packing as packing_lib
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
+from rlvr_jax.rl import update as update_lib
 from rlvr_jax.rl import value as value_lib
 from rlvr_jax.sampling.config import SamplerConfig
 from rlvr_jax.types import FINISH_EOS, FINISH_LENGTH, Rollout
@@ -204,9 +205,17 @@ def _compare(rl, packing_kwargs=None, params=None, rtol=1e-5, atol=1e-5, cfg=CFG
     sched = optax.constant_schedule(0.3)
     update = ts.build_update(cfg, rl, sgd, sched)
     kwargs = dict(num_microbatches=rl.microbatch_count(), group_size=G) | (packing_kwargs or {})
-    plan = _plan(rollout, **kwargs)
+    plans = (_plan(rollout, **kwargs), None)
+    if rl.num_minibatches > 1:  # the frozen log-probs' layout, then each minibatch's
+        orders = update_lib.minibatch_orders(_state(rl, params, sgd, cfg).rng, N, rl)
+        lengths = np.asarray(rollout.prompt_lengths_N), np.asarray(rollout.mask_NT), P
+        kwargs.pop("group_size")
+        minibatches = packing_lib.plan_minibatches(
+            *lengths, np.asarray(orders), rl.num_minibatches, **kwargs
+        )
+        plans = (plans[0], jax.tree.map(jnp.asarray, minibatches))
     padded = update(_state(rl, params, sgd, cfg), rollout, rewards, parts)
-    packed = update(_state(rl, params, sgd, cfg), rollout, rewards, parts, plan)
+    packed = update(_state(rl, params, sgd, cfg), rollout, rewards, parts, *plans)
     (new_a, out_a), (new_b, out_b) = jax.device_get((padded, packed))
     assert out_a.metrics.keys() == out_b.metrics.keys()
     for k in out_a.metrics:
@@ -243,6 +252,58 @@ def test_packed_update_equals_padded_with_kl_and_off_policy_passes(estimator):
     )
     metrics = _compare(rl, packing_kwargs=dict(length=24))
     assert abs(float(metrics["loss/kl"])) > 0
+
+
+@pytest.mark.parametrize(
+    "aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo_constant"]
+)
+def test_packed_minibatches_equal_padded_ones(aggregation):
+    # Two passes of two shuffled minibatches of two microbatches: each minibatch is packed
+    # alone in the order the update draws, and its normaliser is its own.
+    rl = ts.RLConfig(
+        group_size=G,
+        sampler=SAMPLER,
+        mu=2,
+        num_minibatches=2,
+        num_microbatches=2,
+        loss=losses.LossConfig(aggregation=aggregation, kl_beta=0.05, tis_cap=2.0),
+    )
+    _compare(rl)
+
+
+def test_packed_minibatches_equal_padded_ones_for_ppo_with_a_critic():
+    rl = ts.RLConfig(
+        group_size=G,
+        sampler=SAMPLER,
+        mu=2,
+        num_minibatches=2,
+        advantage=adv_lib.AdvantageConfig("gae"),
+        critic=value_lib.CriticConfig(kind="model"),
+        loss=losses.LossConfig(policy_loss="ppo_clip"),
+    )
+    _compare(rl, packing_kwargs=dict(length=24))
+
+
+def test_each_minibatch_packs_its_own_rows_in_one_shape():
+    rollout = _rollout(3)
+    lengths = np.asarray(rollout.prompt_lengths_N), np.asarray(rollout.mask_NT)
+    orders = np.stack([np.random.default_rng(k).permutation(N) for k in range(3)])
+    plans = packing_lib.plan_minibatches(*lengths, P, orders, 4, num_microbatches=2, block=4)
+    n = N // 4
+    assert plans.src_MRL.shape[:2] == (3, 4) and plans.micro_N.shape == (3, 4, n)
+    for p in range(3):
+        for j in range(4):
+            one = jax.tree.map(lambda x, p=p, j=j: x[p, j], plans)
+            rows = orders[p, j * n : (j + 1) * n]
+            sub = dataclasses.replace(
+                rollout,
+                prompt_lengths_N=rollout.prompt_lengths_N[rows],
+                mask_NT=rollout.mask_NT[rows],
+                lengths_N=rollout.lengths_N[rows],
+            )
+            _places_every_token(one, sub)
+    with pytest.raises(ValueError, match="does not fit in"):
+        packing_lib.pad_to(jax.tree.map(lambda x: x[0, 0], plans), (1, 1, 4, 4))
 
 
 @pytest.mark.parametrize("kind", ["head", "model"])
@@ -320,11 +381,12 @@ def test_packed_microbatches_follow_the_token_budget():
 def _places_every_token(plan: packing_lib.Packing, rollout: Rollout) -> None:
     """Every completion token once, each predicted by the token before it: its prompt's last
     or its own previous one."""
+    rows = len(rollout.mask_NT)
     src = plan.src_MRL[plan.segment_MRL > 0]
     completion = np.sort(src[src % (P + T) >= P])
-    want = np.flatnonzero(np.concatenate([np.zeros((N, P), bool), rollout.mask_NT], axis=1))
+    want = np.flatnonzero(np.concatenate([np.zeros((rows, P), bool), rollout.mask_NT], axis=1))
     np.testing.assert_array_equal(completion, want)
-    for n in range(N):
+    for n in range(rows):
         m, k = plan.micro_N[n], plan.pred_NT[n, : int(rollout.lengths_N[n])]
         np.testing.assert_array_equal(plan.tgt_MK[m, k], n * (P + T) + P + np.arange(k.size))
         at = plan.src_MRL[m].reshape(-1)[plan.at_MK[m, k]]  # the token before: prompt or own

@@ -61,6 +61,7 @@ from rlvr_jax.rl import dynamic_sampling, multiturn, sharding_plan
 from rlvr_jax.rl import packing as packing_lib
 from rlvr_jax.rl import state as state_lib
 from rlvr_jax.rl import train_step as ts
+from rlvr_jax.rl import update as update_lib
 from rlvr_jax.rl.outputs import SAMPLED_TOKENS, sampled_tokens
 from rlvr_jax.rl.state import TrainState
 from rlvr_jax.sampling.host import bucket_and_pad
@@ -174,8 +175,10 @@ def build_rl_step(
 
     def update(state, rollout, rewards, parts):
         with timer.stage("update"):
-            packing = _packing(s, model_cfg, rollout, plan, packed_shapes) if s.rl.packs() else None
-            state, out = update_fn(state, rollout, rewards, parts, packing)
+            packings = (None, None)
+            if s.rl.packs():
+                packings = _packing(s, model_cfg, state, rollout, plan, packed_shapes)
+            state, out = update_fn(state, rollout, rewards, parts, *packings)
             return state, jax.device_get(out)
 
     def one_batch(state, sampler_state):
@@ -283,16 +286,19 @@ def _dynamic_batch(
 def _packing(
     s: Settings,
     model_cfg: ModelConfig,
+    state: TrainState,
     rollout: Any,
     plan: sharding_plan.StepShardings,
     shapes: set[tuple[int, int, int, int]],
-) -> packing_lib.Packing | None:
-    """The packed layout of a rollout's rows (`rl.pack`), each microbatch's packed row count
-    a multiple of the mesh's row shards; None (the padded update) where packing would not save
-    enough token positions to be faster (`packing.worth_packing`: rows of nearly equal
-    lengths). `shapes` holds the packed shapes of earlier steps (compiled programs): one of
-    them is taken where it costs little more than a new one (`packing.REUSE_SLACK`), and the
-    shape taken is added."""
+) -> tuple[packing_lib.Packing | None, packing_lib.Packing | None]:
+    """The packed layouts of a rollout's rows (`rl.pack`): the rows' (the frozen log-probs',
+    and with one minibatch the passes'), and with several minibatches each minibatch's
+    (`packing.plan_minibatches`, in the order the update shuffles them, drawn from the state's
+    key), each microbatch's packed row count a multiple of the mesh's row shards. A layout is
+    None (the padded update) where packing would not save enough token positions to be faster
+    (`packing.worth_packing`: rows of nearly equal lengths). `shapes` holds the packed shapes
+    of earlier steps (compiled programs): one of them is taken where it costs little more than
+    a new one (`packing.REUSE_SLACK`), and the shapes taken are added."""
     prompt_lengths_N, mask_NT = jax.device_get((rollout.prompt_lengths_N, rollout.mask_NT))
     # Each group's prompt once, as the padded update's shared-prompt forward, except under
     # splash attention, which masks plain segments only.
@@ -301,29 +307,49 @@ def _packing(
     if impl == "pallas":
         shared = 1
     elif impl == "cudnn" and s.rl.pack == "auto":
-        return None  # cuDNN cannot mask segments (`rl.pack=True` says so)
+        return None, None  # cuDNN cannot mask segments (`rl.pack=True` says so)
     axes = plan.rows.spec[0] if len(plan.rows.spec) else None
     axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
     # The update splits a packed row's tokens over "seq", not the rows.
     row_shards = math.prod(plan.mesh.shape[a] for a in axes if a != sharding.SEQ_AXIS)
     (N, T), P = mask_NT.shape, rollout.prompt_NP.shape[1]
-    packing = packing_lib.plan(
-        prompt_lengths_N,
-        mask_NT,
-        P,
+    kwargs = dict(
         length=s.rl.pack_length,
         num_microbatches=s.rl.microbatch_count(),
         row_multiple=row_shards,
-        group_size=shared,
         microbatch_tokens=s.rl.pack_microbatch_tokens,
         block=model_cfg.attention_block,
         skips_blocks=impl == "xla_blockwise",
         reuse=shapes,
     )
-    if not packing_lib.worth_packing(packing, packing_lib.padded_positions(N, P, T, shared)):
+    if s.rl.num_minibatches == 1:
+        whole = packing_lib.plan(prompt_lengths_N, mask_NT, P, group_size=shared, **kwargs)
+        return _worth(whole, packing_lib.padded_positions(N, P, T, shared), shapes), None
+    # The frozen log-probs' forwards see all rows, in groups; the minibatches' do not.
+    whole = packing_lib.plan(prompt_lengths_N, mask_NT, P, group_size=shared, **kwargs)
+    orders = update_lib.minibatch_orders(_local(state.rng), N, s.rl)
+    minibatches = packing_lib.plan_minibatches(
+        prompt_lengths_N, mask_NT, P, np.asarray(orders), s.rl.num_minibatches, **kwargs
+    )
+    padded = s.rl.mu * packing_lib.padded_positions(N, P, T, 1)
+    return (
+        _worth(whole, packing_lib.padded_positions(N, P, T, shared), shapes),
+        _worth(minibatches, padded, shapes),
+    )
+
+
+def _worth(packing: packing_lib.Packing, padded: int, shapes: set) -> packing_lib.Packing | None:
+    """`packing` where it computes few enough positions against the padded update's `padded`
+    (`packing.worth_packing`), its shape added to `shapes`; else None."""
+    if not packing_lib.worth_packing(packing, padded):
         return None
     shapes.add(packing.shape)
     return packing
+
+
+def _local(x: jax.Array) -> jax.Array:
+    """This process's copy of a replicated array (several processes cannot read a global one)."""
+    return x if x.is_fully_addressable else x.addressable_data(0)
 
 
 def _host_ahead(s: Settings, task: Task) -> bool:
