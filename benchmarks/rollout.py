@@ -43,11 +43,12 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from workloads import forced_length_model, forcing_prompts
 
+from rlvr_jax.model import decode
 from rlvr_jax.model.config import PRESETS  # noqa: E402
 from rlvr_jax.sampling.config import SamplerConfig, sampling_params
 from rlvr_jax.sampling.continuous import generate_continuous, static_stats, summarize
 from rlvr_jax.sampling.host import bucket_and_pad
-from rlvr_jax.sampling.loop import generate, init_decode_cache
+from rlvr_jax.sampling.loop import generate, init_decode_cache, num_cache_slots
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
 
@@ -140,6 +141,52 @@ def timed(params, cfg, scfg, prompt_NP, lengths_N, sp, num_slots: int | None) ->
     return run
 
 
+# One TPU v5e chip (data sheet): HBM bandwidth and peak bf16 FLOP/s, for the projection.
+V5E_BANDWIDTH, V5E_FLOPS = 819e9, 197e12
+
+
+def schedule(lengths_N: np.ndarray, num_slots: int | None, P: int, windows) -> list:
+    """Each decode step's (rows computed, attention window), simulated on the host from the
+    rows' lengths as the loops run them: the static loop computes all N rows until the longest
+    ends, its window the smallest of `windows` that holds the fed slot; continuous batching
+    computes its M slots, a free slot taking the next row in row order (whose first token comes
+    from the prompt's logits), its window holding the largest slot a non-fresh live row feeds."""
+    L = np.asarray(lengths_N)
+    window = lambda slot: next(w for w in windows if w > slot)  # noqa: E731
+    if num_slots is None:
+        return [(len(L), window(P + s - 1)) for s in range(1, int(L.max()))]
+    M, N = num_slots, len(L)
+    row, t, live, nxt = np.zeros(M, int), np.zeros(M, int), np.zeros(M, bool), 0
+    steps, first = [], True
+    while True:
+        fresh = np.zeros(M, bool)
+        for m in np.flatnonzero(~live)[: N - nxt]:
+            row[m], t[m], live[m], fresh[m], nxt = nxt, 0, True, True, nxt + 1
+        if not first:  # the first emission needs no decode step
+            busy = live & ~fresh
+            steps.append((M, window(int((P + t[busy] - 1).max()) if busy.any() else 0)))
+        t += live
+        live &= t < L[row]
+        first = False
+        if not live.any() and nxt == N:
+            return steps
+
+
+def on_paper(steps: list, params, cfg) -> float:
+    """Seconds the decode steps take on one v5e chip in bf16: per step the weights and the
+    rows' keys/values within the window are read (HBM) or the FLOPs computed, whichever is
+    slower, at the data sheet's peaks."""
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+    kv_bytes = cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2 * 2  # K and V, bf16
+    attn_flops = 4 * cfg.num_heads * cfg.head_dim * cfg.num_layers  # per row and position
+    total = 0.0
+    for rows, window in steps:
+        memory = (2 * n_params + rows * window * kv_bytes) / V5E_BANDWIDTH
+        compute = rows * (2 * n_params + attn_flops * window) / V5E_FLOPS
+        total += max(memory, compute)
+    return total
+
+
 def compare(name, params, cfg, scfg, prompt, lengths, sp, slots, repeats, forced=None) -> list:
     """Runs the static side and each slot count `repeats` times, alternating, and compares the
     rollouts (identical with `forced` lengths). Returns table rows."""
@@ -179,12 +226,21 @@ def compare(name, params, cfg, scfg, prompt, lengths, sp, slots, repeats, forced
             np.testing.assert_array_equal(r.finish_N, ref.finish_N, err_msg=f"{name}, {m}")
     rows = []
     base = float(np.median(times[None]))
+    windows = decode.attention_windows(
+        prompt.shape[1], num_cache_slots(prompt.shape[1], scfg), scfg.attention_chunk
+    )
+    paper = {}
+    for m, (r, stats) in last.items():
+        steps = schedule(r.lengths_N, m, prompt.shape[1], windows)
+        assert len(steps) == int(stats.decode_steps), (m, len(steps), int(stats.decode_steps))
+        paper[m] = on_paper(steps, params, cfg)
     for m, (r, stats) in last.items():
         s = summarize(stats, r.lengths_N)
         wall = float(np.median(times[m]))
         label = "static" if m is None else "continuous"
         slots_used = len(prompt) if m is None else m
-        rows.append((name, label, slots_used, wall, s, base / wall, identical[m]))
+        tpu = (paper[m], paper[None] / paper[m])
+        rows.append((name, label, slots_used, wall, s, base / wall, identical[m], tpu))
     return rows
 
 
@@ -272,14 +328,15 @@ def main() -> None:
     print(f"\nmedian of {args.repeats} runs after compilation\n")
     print(
         "| workload | sampler | slots | wall s | decode steps | slot util | static/this wall "
-        "| length p50 / p95 / max | imbalance | rows as static |"
+        "| length p50 / p95 / max | imbalance | rows as static | v5e on paper ms | static/this |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---|---:|---:|")
-    for name, label, m, wall, s, ratio, same in rows:
+    print("|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    for name, label, m, wall, s, ratio, same, (tpu, tpu_ratio) in rows:
         print(
             f"| {name} | {label} | {m} | {wall:.3f} | {s['decode_steps']:.0f} "
             f"| {s['slot_utilisation']:.0%} | {ratio:.2f}x | {s['length_p50']:.0f} / "
-            f"{s['length_p95']:.0f} / {s['length_max']:.0f} | {s['batch_imbalance']:.1f} | {same} |"
+            f"{s['length_p95']:.0f} / {s['length_max']:.0f} | {s['batch_imbalance']:.1f} | {same} "
+            f"| {1e3 * tpu:.1f} | {tpu_ratio:.2f}x |"
         )
 
 
