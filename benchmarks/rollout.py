@@ -41,7 +41,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from workloads import forced_length_model, forcing_prompts
+from workloads import GSM8K, forced_length_model, forcing_prompts, gsm8k_prompts
 
 from rlvr_jax.model import decode
 from rlvr_jax.model.config import PRESETS  # noqa: E402
@@ -49,8 +49,6 @@ from rlvr_jax.sampling.config import SamplerConfig, sampling_params
 from rlvr_jax.sampling.continuous import generate_continuous, static_stats, summarize
 from rlvr_jax.sampling.host import bucket_and_pad
 from rlvr_jax.sampling.loop import generate, init_decode_cache, num_cache_slots
-
-GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 
 def tiny_rows(N: int, T: int, P: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -268,30 +266,7 @@ def gsm8k_workload(
 ) -> list:
     """(c): SmolLM2-135M on GSM8K questions asked step by step, G samples each (an RL step's
     rows); needs ../shared/data."""
-    from rlvr_jax.data.tokenizer import Tokenizer
-    from rlvr_jax.model import gguf
-
-    if not GSM8K.is_file():
-        raise SystemExit(f"the gsm8k workload needs {GSM8K}")
-    path = gguf.embedded_model_path()
-    params, cfg = gguf.load_gguf(path)
-    tok = Tokenizer.from_gguf(path)
-    with open(GSM8K) as f:
-        questions = [
-            json.loads(line)["question"] for _, line in zip(range(N // G), f, strict=False)
-        ]
-    ids = [
-        tok.encode(
-            tok.apply_chat_template(
-                [{"role": "user", "content": f"{q}\nSolve it step by step, then give the answer."}],
-                add_generation_prompt=True,
-            )
-        )
-        for q in questions
-        for _ in range(G)
-    ]
-    P = -(-max(map(len, ids)) // 32) * 32
-    prompt, lengths = bucket_and_pad(ids, (P,), pad_id=tok.pad_id)
+    params, cfg, tok, prompt, lengths = gsm8k_prompts(N, G)
     scfg = SamplerConfig(max_new_tokens=T, eos_ids=tok.eos_ids, pad_id=0)
     sp = sampling_params(N, temperature=temperature)
     name = f"SmolLM2-135M, GSM8K step by step, {N // G} x {G}, temperature {temperature:g}"

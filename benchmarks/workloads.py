@@ -1,5 +1,5 @@
-"""What the benchmarks share: a random model whose answer lengths are forced, and the FLOPs
-of an update counted from its layout.
+"""What the benchmarks share: a random model whose answer lengths are forced, SmolLM2 on GSM8K
+questions, and the FLOPs of an update counted from its layout.
 
 Not a benchmark itself; `rollout.py` and `step_efficiency.py` import it (they run as scripts, so
 this directory is on their path).
@@ -8,6 +8,8 @@ this directory is on their path).
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -152,3 +154,41 @@ def layout_flops(
             "unembedding": update_flops(cfg, 0, packing.at_MK.size - c_N.sum(), 0),
         }
     return out
+
+
+GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
+
+
+def gsm8k_prompts(N: int, G: int) -> tuple:
+    """SmolLM2-135M-Instruct (the embedded weights) and N // G GSM8K test questions asked step
+    by step in its chat template, each G times (an RL step's rows); needs ../shared/data.
+
+    Returns:
+      (params, cfg, tokenizer, prompt_NP, prompt_lengths_N), the prompts left-padded to a
+      multiple of 32.
+    """
+    from rlvr_jax.data.tokenizer import Tokenizer
+    from rlvr_jax.model import gguf
+
+    if not GSM8K.is_file():
+        raise SystemExit(f"the GSM8K workload needs {GSM8K}")
+    path = gguf.embedded_model_path()
+    params, cfg = gguf.load_gguf(path)
+    tok = Tokenizer.from_gguf(path)
+    with open(GSM8K) as f:
+        questions = [
+            json.loads(line)["question"] for _, line in zip(range(N // G), f, strict=False)
+        ]
+    ids = [
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "user", "content": f"{q}\nSolve it step by step, then give the answer."}],
+                add_generation_prompt=True,
+            )
+        )
+        for q in questions
+        for _ in range(G)
+    ]
+    P = -(-max(map(len, ids)) // 32) * 32
+    prompt, lengths = bucket_and_pad(ids, (P,), pad_id=tok.pad_id)
+    return params, cfg, tok, prompt, lengths
