@@ -50,15 +50,18 @@ def test_the_simulated_schedule_runs_the_steps_the_loops_ran(bench):
     r, _ = generate(*args, model_cfg=cfg, cfg=scfg)
     np.testing.assert_array_equal(np.asarray(r.lengths_N), want)
     static = bench.schedule(want, None, P, windows)
-    assert len(static) == want.max() - 1 and all(rows == N for rows, _ in static)
-    assert [w for _, w in static] == sorted(w for _, w in static)  # the window grows
+    assert len(static) == want.max() - 1 and all(rows == N for rows, _, _ in static)
+    assert [w for _, w, _ in static] == sorted(w for _, w, _ in static)  # the window grows
+    # The live rows fill at most the window each: a per-row kernel reads less.
+    assert all(filled <= rows * w for rows, w, filled in static)
     seconds = {None: bench.on_paper(static, params, cfg)}
     for M in (1, 4, 7, N):
         _, stats, _ = generate_continuous(*args, model_cfg=cfg, cfg=scfg, num_slots=M)
         steps = bench.schedule(want, M, P, windows)
         assert len(steps) == int(stats.decode_steps), M
-        assert all(rows == M and w in windows for rows, w in steps)
+        assert all(rows == M and w in windows and filled <= M * w for rows, w, filled in steps)
         seconds[M] = bench.on_paper(steps, params, cfg)
+        assert bench.on_paper(steps, params, cfg, ragged=True) <= seconds[M]
     # As many slots as rows is the static loop's schedule, but a window shrinks when the rows
     # feeding the largest slots end; a model this small reads mostly weights, once a step, so
     # fewer slots (more steps) cost more.
