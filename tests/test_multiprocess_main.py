@@ -72,8 +72,9 @@ def _run(
 
     `during(processes)`, when given, runs once they have started (a fault to inject); then each
     process must end by itself with its status in `statuses` (default: 0 for all; a tuple: any of
-    those). `only` adds flags to one process's command (process id -> flags). Without it, a
-    process that fails ends the others at once (they would wait in a collective). Fails, with
+    those). `only` adds flags to one process's command (process id -> flags). Without `during`,
+    a process that ends with another status ends the others at once (they would wait in a
+    collective). Fails, with
     every output, on another status; every process still running after `DEADLINE_S` is killed.
     """
     port = _free_port()
@@ -82,6 +83,7 @@ def _run(
     logs.mkdir(parents=True, exist_ok=True)
     launch = len(list(logs.glob(f"{workdir.name}-*-0.log")))  # this workdir's launches so far
     files = [logs / f"{workdir.name}-{launch}-{i}.log" for i in range(processes)]
+    want = [s if isinstance(s, tuple) else (s,) for s in statuses or [0] * processes]
     procs = []
     try:
         for i, path in enumerate(files):
@@ -104,8 +106,10 @@ def _run(
         deadline = time.monotonic() + DEADLINE_S
         if during is not None:
             during(procs)
+        # One that ends as it should (e.g. 2, refused) leaves the others to end by themselves.
+        unwanted = lambda i, p: p.poll() is not None and p.poll() not in want[i]  # noqa: E731
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            if during is None and any(p.poll() not in (None, 0) for p in procs):
+            if during is None and any(unwanted(i, p) for i, p in enumerate(procs)):
                 break
             time.sleep(0.2)
     finally:
@@ -118,7 +122,6 @@ def _run(
         f"--- process {i}: exit {p.returncode}\n{out}"
         for i, (p, out) in enumerate(zip(procs, outs, strict=True))
     )
-    want = [s if isinstance(s, tuple) else (s,) for s in statuses or [0] * processes]
     got = [p.returncode for p in procs]
     assert all(g in w for g, w in zip(got, want, strict=True)), report
     return outs
