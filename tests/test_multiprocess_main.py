@@ -74,8 +74,8 @@ def _run(
     process must end by itself with its status in `statuses` (default: 0 for all; a tuple: any of
     those). `only` adds flags to one process's command (process id -> flags). Without `during`,
     a process that ends with another status ends the others at once (they would wait in a
-    collective). Fails, with
-    every output, on another status; every process still running after `DEADLINE_S` is killed.
+    collective). Fails, with every output, on another status; every process still running after
+    `DEADLINE_S` is killed.
     """
     port = _free_port()
     cmd = [sys.executable, "-m", "rlvr_jax.main", f"--config={TINY}", f"--workdir={workdir}"]
