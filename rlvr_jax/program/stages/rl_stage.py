@@ -322,20 +322,17 @@ def _packing(
         skips_blocks=impl == "xla_blockwise",
         reuse=shapes,
     )
-    if s.rl.num_minibatches == 1:
-        whole = packing_lib.plan(prompt_lengths_N, mask_NT, P, group_size=shared, **kwargs)
-        return _worth(whole, packing_lib.padded_positions(N, P, T, shared), shapes), None
-    # The frozen log-probs' forwards see all rows, in groups; the minibatches' do not.
+    # The frozen log-probs' forwards (and one minibatch's) see all rows, in groups.
     whole = packing_lib.plan(prompt_lengths_N, mask_NT, P, group_size=shared, **kwargs)
+    whole = _worth(whole, packing_lib.padded_positions(N, P, T, shared), shapes)
+    if s.rl.num_minibatches == 1:
+        return whole, None
     orders = update_lib.minibatch_orders(_local(state.rng), N, s.rl)
     minibatches = packing_lib.plan_minibatches(
         prompt_lengths_N, mask_NT, P, np.asarray(orders), s.rl.num_minibatches, **kwargs
     )
     padded = s.rl.mu * packing_lib.padded_positions(N, P, T, 1)
-    return (
-        _worth(whole, packing_lib.padded_positions(N, P, T, shared), shapes),
-        _worth(minibatches, padded, shapes),
-    )
+    return whole, _worth(minibatches, padded, shapes)
 
 
 def _worth(packing: packing_lib.Packing, padded: int, shapes: set) -> packing_lib.Packing | None:
